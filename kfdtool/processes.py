@@ -1,0 +1,191 @@
+"""KFD processes and their queues from ``/sys/class/kfd/kfd/proc`` (never opens /dev/kfd),
+enriched with psutil. Processes that exit mid-scan are dropped; unreadable ones are counted.
+
+    >>> scan = scan_processes()
+    >>> for proc in scan.processes: print(proc.pid, proc.name, [q.qid for q in proc.queues])
+"""
+import os
+import re
+from dataclasses import dataclass, field
+
+import psutil
+
+from .ioctls.constants import SYSFS_QUEUE_TYPES_L72, SYSFS_QUEUE_TYPES_L612
+from .sysfs import SysfsRoot
+
+_PER_GPU = re.compile(r"^(vram|sdma)_(\d+)$")
+_PER_GPU_DIR = re.compile(r"^(stats|counters)_(\d+)$")
+
+
+@dataclass
+class KfdQueue:
+    qid: int
+    gpu_id: int | None
+    type_code: int | None
+    type_name: str
+    size: int | None
+
+    def to_dict(self):
+        return {"qid": self.qid, "gpu_id": self.gpu_id, "type": self.type_name,
+                "type_code": self.type_code, "ring_size": self.size}
+
+
+@dataclass
+class KfdProcess:
+    pid: int
+    name: str | None = None
+    user: str | None = None
+    cmdline: list = field(default_factory=list)
+    container_pid: int | None = None          # innermost NSpid when it differs from pid
+    queues: list = field(default_factory=list)
+    vram: dict = field(default_factory=dict)          # gpu_id -> bytes
+    sdma_us: dict = field(default_factory=dict)       # gpu_id -> µs of SDMA activity
+    evicted_ms: dict = field(default_factory=dict)    # gpu_id -> ms evicted in total
+    cu_occupancy: dict = field(default_factory=dict)  # gpu_id -> CUs' worth of waves in flight
+    counters: dict = field(default_factory=dict)      # gpu_id -> {faults, page_in, page_out}
+
+    @property
+    def gpu_ids(self):
+        return sorted(set(self.vram) | {q.gpu_id for q in self.queues if q.gpu_id is not None})
+
+    def to_dict(self):
+        per_gpu = {str(g): {"vram_bytes": self.vram.get(g), "sdma_us": self.sdma_us.get(g),
+                            "evicted_ms": self.evicted_ms.get(g), "cu_occupancy": self.cu_occupancy.get(g),
+                            **({"counters": self.counters[g]} if g in self.counters else {})}
+                   for g in self.gpu_ids}
+        return {"pid": self.pid, "name": self.name, "user": self.user, "cmdline": self.cmdline,
+                "container_pid": self.container_pid, "gpus": per_gpu,
+                "queues": [q.to_dict() for q in self.queues]}
+
+
+@dataclass
+class ProcessScan:
+    processes: list
+    unreadable: int = 0          # entries we could not read (permission, I/O)
+    vanished: int = 0            # exited between listing and reading
+
+    def to_dict(self):
+        return {"schema": "kfdtool.queues/1", "processes": [p.to_dict() for p in self.processes],
+                "unreadable": self.unreadable, "vanished": self.vanished}
+
+
+def queue_type_names(kernel_release=None):
+    """sysfs queue `type` numbering: kernels that still have DIQ (6.12 and older) count
+    SDMA_XGMI as 4; newer ones (7.x; exact cut-over UNVERIFIED) as 3."""
+    release = kernel_release or os.uname().release
+    try:
+        major = int(release.split(".")[0])
+    except ValueError:
+        major = 0
+    return SYSFS_QUEUE_TYPES_L72 if major >= 7 else SYSFS_QUEUE_TYPES_L612
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _int(data):
+    try:
+        return int(data)
+    except ValueError:
+        return None
+
+
+def read_process(proc_dir, pid, type_names):
+    """One proc/<pid> entry. Raises FileNotFoundError if it vanished, PermissionError if hidden."""
+    proc = KfdProcess(pid)
+    for entry in os.scandir(proc_dir):
+        name = entry.name
+        m = _PER_GPU.match(name)
+        if m:
+            value = _int(_read(entry.path))
+            (proc.vram if m.group(1) == "vram" else proc.sdma_us)[int(m.group(2))] = value
+            continue
+        m = _PER_GPU_DIR.match(name)
+        if m:
+            gpu = int(m.group(2))
+            if m.group(1) == "stats":
+                for stat, target in (("evicted_ms", proc.evicted_ms), ("cu_occupancy", proc.cu_occupancy)):
+                    try:
+                        target[gpu] = _int(_read(f"{entry.path}/{stat}"))
+                    except FileNotFoundError:
+                        pass   # cu_occupancy only exists where the ASIC implements it
+            else:
+                proc.counters[gpu] = {c: _int(_read(f"{entry.path}/{c}"))
+                                      for c in os.listdir(entry.path)}
+        elif name == "queues":
+            for qname in os.listdir(entry.path):
+                if not qname.isdigit():
+                    continue
+                qdir = f"{entry.path}/{qname}"
+                try:
+                    code = _int(_read(qdir + "/type"))
+                    queue = KfdQueue(int(qname), _int(_read(qdir + "/gpuid")), code,
+                                     type_names.get(code, f"type{code}"), _int(_read(qdir + "/size")))
+                except FileNotFoundError:
+                    continue       # destroyed between listdir and read
+                proc.queues.append(queue)
+    proc.queues.sort(key=lambda q: q.qid)
+    return proc
+
+
+def enrich(proc):
+    """Name, user, cmdline and container pid from /proc via psutil. False if the pid is gone."""
+    try:
+        p = psutil.Process(proc.pid)
+        with p.oneshot():
+            proc.name = p.name()
+            proc.user = p.username()
+            proc.cmdline = p.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        pass
+    try:
+        with open(f"/proc/{proc.pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    innermost = int(line.split()[-1])
+                    proc.container_pid = innermost if innermost != proc.pid else None
+                    break
+    except OSError:
+        pass
+    return True
+
+
+def scan_processes(root=None, pids=None, names=None, with_psutil=True, kernel_release=None,
+                   exclude_self=True):
+    """All KFD processes (optionally only `pids` / whose name contains one of `names`)."""
+    sysfs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
+    sysfs.require_kfd()
+    type_names = queue_type_names(kernel_release)
+    scan = ProcessScan([])
+    try:
+        entries = os.listdir(sysfs.proc)
+    except FileNotFoundError:
+        return scan          # no process has opened /dev/kfd since boot
+    wanted = set(pids) if pids else None
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if (wanted is not None and pid not in wanted) or (exclude_self and pid == me):
+            continue
+        try:
+            proc = read_process(f"{sysfs.proc}/{entry}", pid, type_names)
+        except FileNotFoundError:
+            scan.vanished += 1
+            continue
+        except OSError:
+            scan.unreadable += 1
+            continue
+        if with_psutil and not enrich(proc):
+            scan.vanished += 1
+            continue
+        if names and not any(n in (proc.name or "") for n in names):
+            continue
+        scan.processes.append(proc)
+    scan.processes.sort(key=lambda p: p.pid)
+    return scan
