@@ -67,8 +67,6 @@ class kfd_smi_event(enum.IntEnum):
     KFD_SMI_EVENT_ALL_PROCESS = 64
 
 
-globals().update(kfd_smi_event.__members__)
-
 
 def KFD_SMI_EVENT_MASK_FROM_INDEX(i):
     return 1 << (i - 1)
@@ -206,8 +204,6 @@ class kfd_dbg_trap_exception_code(enum.IntEnum):
     EC_MAX = 50
 
 
-globals().update(kfd_dbg_trap_exception_code.__members__)
-
 
 def KFD_EC_MASK(ecode):
     return 1 << (ecode - 1)
@@ -263,3 +259,10 @@ class kfd_ioctl_svm_attr_type(enum.IntEnum):
 # ioctl KFD_IOC_QUEUE_TYPE_* values, and the numbering moved when DIQ was removed (kfd_priv.h).
 SYSFS_QUEUE_TYPES_L612 = {0: "compute", 1: "sdma", 2: "hiq", 3: "diq", 4: "sdma_xgmi", 5: "sdma_by_eng_id"}
 SYSFS_QUEUE_TYPES_L72 = {0: "compute", 1: "sdma", 2: "hiq", 3: "sdma_xgmi", 4: "sdma_by_eng_id"}
+
+
+# Like the C header, every enumerator is also a module-level constant (EC_QUEUE_NEW, ...).
+for _enum in [v for v in dict(globals()).values() if isinstance(v, type) and issubclass(v, enum.Enum)
+              and v.__module__ == __name__]:
+    globals().update(_enum.__members__)
+del _enum

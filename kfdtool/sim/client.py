@@ -1,0 +1,140 @@
+"""Client side of the simulated KFD: `SimBackend` is a /dev/kfd stand-in for kfdtool.device, and
+`SimControl` speaks the simulation-only control messages.
+
+Pointer arguments are the one thing a socket cannot pass: for each ioctl (and DBG_TRAP op) the
+table below names the pointer fields and how many bytes they point at; those bytes travel with
+the request and the kernel's writes come back, as copy_from_user/copy_to_user would see them.
+"""
+import ctypes
+import json
+import os
+import socket
+
+import ioctl_opt
+
+from ..errors import SimulatorError
+from ..ioctls import constants as c
+from ..ioctls import structs as s
+from ..ioctls.requests import BY_NR
+from .protocol import IOCTL, REPLY, frame, pack_regions, recv_frame, unpack_regions
+
+OPS = c.kfd_dbg_trap_operations
+EVENT_DATA = ctypes.sizeof(s.kfd_event_data)
+APERTURE = ctypes.sizeof(s.kfd_process_device_apertures)
+
+# (ioctl name, DBG_TRAP op or None) -> [(path to the pointer field, bytes it points at)]
+POINTERS = {
+    ("DBG_TRAP", OPS.KFD_IOC_DBG_TRAP_ENABLE): [("enable.rinfo_ptr", lambda a: a.enable.rinfo_size)],
+    ("DBG_TRAP", OPS.KFD_IOC_DBG_TRAP_SUSPEND_QUEUES): [
+        ("suspend_queues.queue_array_ptr", lambda a: 4 * a.suspend_queues.num_queues)],
+    ("DBG_TRAP", OPS.KFD_IOC_DBG_TRAP_RESUME_QUEUES): [
+        ("resume_queues.queue_array_ptr", lambda a: 4 * a.resume_queues.num_queues)],
+    ("DBG_TRAP", OPS.KFD_IOC_DBG_TRAP_GET_QUEUE_SNAPSHOT): [
+        ("queue_snapshot.snapshot_buf_ptr", lambda a: a.queue_snapshot.num_queues * a.queue_snapshot.entry_size)],
+    ("DBG_TRAP", OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT): [
+        ("device_snapshot.snapshot_buf_ptr", lambda a: a.device_snapshot.num_devices * a.device_snapshot.entry_size)],
+    ("SET_CU_MASK", None): [("cu_mask_ptr", lambda a: min(a.num_cu_mask, 1024) // 8)],
+    ("MAP_MEMORY_TO_GPU", None): [("device_ids_array_ptr", lambda a: 4 * a.n_devices)],
+    ("UNMAP_MEMORY_FROM_GPU", None): [("device_ids_array_ptr", lambda a: 4 * a.n_devices)],
+    ("WAIT_EVENTS", None): [("events_ptr", lambda a: EVENT_DATA * a.num_events)],
+    ("GET_PROCESS_APERTURES_NEW", None): [("kfd_process_device_apertures_ptr", lambda a: APERTURE * a.num_of_nodes)],
+}
+
+
+_self_mem = None
+
+
+def _peek(addr, length):
+    """Read our own memory without risking a segfault on a bad pointer (EFAULT semantics)."""
+    global _self_mem
+    if _self_mem is None:
+        _self_mem = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.pread(_self_mem, length, addr)
+    except (OSError, OverflowError):
+        return None
+    return data if len(data) == length else None
+
+
+def _get(obj, path):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Channel:
+    def __init__(self, socket_path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(str(socket_path))
+        except OSError as e:
+            self.sock.close()
+            raise SimulatorError(f"simulated KFD not reachable at {socket_path}: {e.strerror}") from None
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def call_json(self, payload):
+        try:
+            self.sock.sendall(frame(payload))
+            reply, _ = recv_frame(self.sock)
+        except OSError as e:
+            raise SimulatorError(f"simulated KFD server went away: {e}") from None
+        return json.loads(reply[1:])
+
+
+class SimControl(_Channel):
+    """Simulation-only operations: status, bulk workloads, waves, eviction, parameters."""
+
+    def __call__(self, op, **fields):
+        reply = self.call_json(b"C" + json.dumps({"op": op, **fields}).encode())
+        if "error" in reply:
+            raise SimulatorError(reply["error"])
+        return reply
+
+
+class SimBackend(_Channel):
+    """A simulated /dev/kfd fd: connecting and sending "open" makes this process a KFD process."""
+
+    def __init__(self, socket_path):
+        super().__init__(socket_path)
+        self.call_json(b"O")
+        self.fd = self.sock.fileno()      # what user space would pass as dbg_fd
+
+    def ioctl(self, request, arg):
+        """Like fcntl.ioctl(fd, request, arg, True): fills `arg` in place, returns the ioctl's
+        return value, raises OSError with the kernel's errno."""
+        entry = BY_NR.get(ioctl_opt.IOC_NR(request))
+        op = getattr(arg, "op", None) if entry and entry.name == "DBG_TRAP" else None
+        key = (entry.name if entry else None, op)
+        regions = []
+        for path, size in POINTERS.get(key, ()):
+            addr, length = _get(arg, path), size(arg)
+            data = _peek(addr, length) if addr and length else None
+            if data is not None:              # unreadable: not shipped, so the kernel says EFAULT
+                regions.append((addr, data))
+        raw = bytes(arg)[:ioctl_opt.IOC_SIZE(request)]
+        self.sock.sendall(frame(b"I" + IOCTL.pack(request, os.getpid(), len(raw), len(regions)) + raw
+                                + pack_regions(regions)))
+        try:
+            reply, fds = recv_frame(self.sock, with_fds=True)
+        except OSError as e:
+            raise SimulatorError(f"simulated KFD server went away: {e}") from None
+        ret, out_len, n_regions, n_fds = REPLY.unpack_from(reply, 1)
+        offset = 1 + REPLY.size
+        out = reply[offset:offset + out_len]
+        ctypes.memmove(ctypes.addressof(arg), out, min(len(out), ctypes.sizeof(arg)))
+        written, _ = unpack_regions(reply, offset + out_len, n_regions)
+        for addr, data in written.items():
+            ctypes.memmove(addr, bytes(data), len(data))
+        if fds and entry is not None and entry.name == "SMI_EVENTS":
+            arg.anon_fd = fds[0]
+        if ret < 0:
+            raise OSError(-ret, os.strerror(-ret))
+        return ret

@@ -1,0 +1,244 @@
+"""RUNTIME_ENABLE and DBG_TRAP (kfd_chardev.c:2937-3196, kfd_debug.c, kfd_device_queue_manager.c
+:3438-3791), as kfd-abi.md §2b-§2c describe them. Permission order, status bits, snapshot size
+negotiation and "debugger exit resumes everything" are the parts preemption relies on."""
+import ctypes
+import errno
+
+from ..ioctls import constants as c
+from ..ioctls import structs as s
+from .errors import SimErrno
+
+OPS = c.kfd_dbg_trap_operations
+SNAPSHOT_ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
+
+
+def tracer_pid(pid):
+    """The target's ptrace parent, from procfs (what ptrace_parent() returns in the kernel)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class DbgTrap:
+    def __init__(self, kfd):
+        self.kfd = kfd
+
+    # --- RUNTIME_ENABLE ---------------------------------------------------------------------------
+    def runtime_enable(self, proc, a, mem, uid):
+        if a.mode_mask & c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:
+            if proc.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
+                raise SimErrno(errno.EBUSY)
+            if proc.queues:
+                raise SimErrno(errno.EEXIST)
+            proc.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
+            proc.r_debug = a.r_debug
+            proc.ttmp_setup = int(bool(a.mode_mask & c.KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK))
+        else:
+            proc.runtime_state = c.DEBUG_RUNTIME_STATE_DISABLED
+        return 0
+
+    # --- DBG_TRAP ---------------------------------------------------------------------------------
+    def dbg_trap(self, caller, a, mem, uid):
+        kfd = self.kfd
+        if kfd.params.get("sched_policy", 0) == 2:
+            raise SimErrno(errno.EINVAL, "no HWS")
+        target = kfd.processes.get(a.pid)
+        if target is None:
+            raise SimErrno(errno.ESRCH)
+        if not (target is caller or tracer_pid(target.pid) == caller.pid or target.debugger is caller):
+            raise SimErrno(errno.EPERM)
+        op = a.op
+        if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:
+            raise SimErrno(errno.EINVAL)
+        if op in c.DBG_HW_OPS and target.runtime_state != c.DEBUG_RUNTIME_STATE_ENABLED:
+            raise SimErrno(errno.EPERM)
+        handler = {
+            OPS.KFD_IOC_DBG_TRAP_ENABLE: self.enable, OPS.KFD_IOC_DBG_TRAP_DISABLE: self.op_disable,
+            OPS.KFD_IOC_DBG_TRAP_SEND_RUNTIME_EVENT: self.noop,
+            OPS.KFD_IOC_DBG_TRAP_SET_EXCEPTIONS_ENABLED: self.set_exceptions_enabled,
+            OPS.KFD_IOC_DBG_TRAP_SET_WAVE_LAUNCH_OVERRIDE: self.noop,
+            OPS.KFD_IOC_DBG_TRAP_SET_WAVE_LAUNCH_MODE: self.noop,
+            OPS.KFD_IOC_DBG_TRAP_SUSPEND_QUEUES: self.suspend_queues,
+            OPS.KFD_IOC_DBG_TRAP_RESUME_QUEUES: self.resume_queues,
+            OPS.KFD_IOC_DBG_TRAP_SET_FLAGS: self.set_flags,
+            OPS.KFD_IOC_DBG_TRAP_QUERY_DEBUG_EVENT: self.query_debug_event,
+            OPS.KFD_IOC_DBG_TRAP_GET_QUEUE_SNAPSHOT: self.queue_snapshot,
+            OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT: self.device_snapshot,
+        }.get(op)
+        if handler is None:
+            raise SimErrno(errno.EINVAL if op > OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT else errno.EOPNOTSUPP)
+        return handler(caller, target, a, mem)
+
+    def noop(self, caller, target, a, mem):
+        return 0
+
+    def enable(self, caller, target, a, mem):
+        if target.debug_trap_enabled:
+            raise SimErrno(errno.EALREADY)
+        for gpu in target.gpu_ids:
+            if (self.kfd.devices[gpu].node.gfx_target_version or 0) < 90000:
+                raise SimErrno(errno.ENODEV)
+        if not _fd_is_open(caller.pid, a.enable.dbg_fd):
+            raise SimErrno(errno.EBADF)
+        target.debug_trap_enabled = True
+        target.debugger = caller
+        target.exception_mask = a.enable.exception_mask
+        if target is not caller:
+            caller.debugged_count += 1
+        info = s.kfd_runtime_info(target.r_debug, target.runtime_state, target.ttmp_setup)
+        if a.enable.rinfo_ptr and a.enable.rinfo_size:
+            mem.write(a.enable.rinfo_ptr, bytes(info)[:min(a.enable.rinfo_size, ctypes.sizeof(info))])
+        a.enable.rinfo_size = ctypes.sizeof(info)
+        for dev in {self.kfd.devices[g] for g in target.gpu_ids if target.queues_on(g)}:
+            self.kfd.execute_queues(dev)          # debug_refresh_runlist
+        return 0
+
+    def op_disable(self, caller, target, a, mem):
+        self.disable(target)
+        return 0
+
+    def disable(self, target):
+        """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger."""
+        self._resume(target, None)
+        debugger = target.debugger
+        if debugger is not None and debugger is not target:
+            debugger.debugged_count = max(0, debugger.debugged_count - 1)
+        target.debug_trap_enabled, target.debugger, target.dbg_flags = False, None, 0
+
+    def set_exceptions_enabled(self, caller, target, a, mem):
+        target.exception_mask = a.set_exceptions_enabled.exception_mask
+        return 0
+
+    def set_flags(self, caller, target, a, mem):
+        previous, target.dbg_flags = target.dbg_flags, a.set_flags.flags
+        a.set_flags.flags = previous
+        return 0
+
+    def query_debug_event(self, caller, target, a, mem):
+        raise SimErrno(errno.EAGAIN)              # no exceptions are raised by simulated waves
+
+    # --- suspend / resume -------------------------------------------------------------------------
+    def _read_ids(self, ptr, count, mem):
+        if count > c.KFD_MAX_NUM_OF_QUEUES_PER_PROCESS or (not ptr and count):
+            raise SimErrno(errno.EINVAL)
+        raw = mem.read(ptr, 4 * count) if count else b""
+        return [int.from_bytes(raw[4 * i:4 * i + 4], "little") | c.KFD_DBG_QUEUE_INVALID_MASK
+                for i in range(count)]
+
+    @staticmethod
+    def _write_ids(ptr, ids, mem):
+        if ids:
+            mem.write(ptr, b"".join(i.to_bytes(4, "little") for i in ids))
+
+    def suspend_queues(self, caller, target, a, mem):
+        args = a.suspend_queues
+        ids = self._read_ids(args.queue_array_ptr, args.num_queues, mem)
+        index = {i & ~c.KFD_DBG_QUEUE_INVALID_MASK: n for n, i in enumerate(ids)}
+        total = 0
+        for gpu in target.gpu_ids:
+            dev = self.kfd.devices[gpu]
+            wanted = [q for q in target.queues_on(gpu) if q.qid in index]
+            suspended_here = []
+            for q in wanted:
+                n = index[q.qid]
+                if q.is_suspended:
+                    ids[n] &= ~c.KFD_DBG_QUEUE_INVALID_MASK          # already suspended: success
+                    total += 1
+                    continue
+                if q.exception_status & c.KFD_EC_MASK(c.EC_QUEUE_NEW) or q.being_destroyed:
+                    continue                                         # -EBUSY: keeps the INVALID bit
+                q.sync_progress()
+                if q.is_active:
+                    self.kfd.timing.save_waves(dev, q, args.grace_period)
+                q.is_suspended = True
+                ids[n] &= ~c.KFD_DBG_QUEUE_INVALID_MASK
+                suspended_here.append(q)
+                total += 1
+            if suspended_here:
+                self.kfd.execute_queues(dev, grace_period=args.grace_period)
+                for q in wanted:
+                    q.exception_status &= ~args.exception_mask
+        self._write_ids(args.queue_array_ptr, ids, mem)
+        return total
+
+    def resume_queues(self, caller, target, a, mem):
+        args = a.resume_queues
+        if not args.queue_array_ptr:
+            return self._resume(target, None)
+        ids = self._read_ids(args.queue_array_ptr, args.num_queues, mem)
+        total = self._resume(target, ids)
+        self._write_ids(args.queue_array_ptr, ids, mem)
+        return total
+
+    def _resume(self, target, ids):
+        index = None if ids is None else {i & ~c.KFD_DBG_QUEUE_INVALID_MASK: n for n, i in enumerate(ids)}
+        total = 0
+        for gpu in target.gpu_ids:
+            dev = self.kfd.devices[gpu]
+            resumed = []
+            for q in target.queues_on(gpu):
+                if index is not None and q.qid not in index:
+                    continue
+                if index is not None:
+                    ids[index[q.qid]] &= ~c.KFD_DBG_QUEUE_INVALID_MASK
+                total += 1
+                if q.is_suspended:
+                    q.is_suspended = False
+                    resumed.append(q)
+            if resumed:
+                self.kfd.execute_queues(dev)
+                for q in resumed:
+                    if q.is_active:
+                        self.kfd.timing.restore_waves(dev, q)
+                    q.sync_progress()
+        return total
+
+    # --- snapshots --------------------------------------------------------------------------------
+    def queue_snapshot(self, caller, target, a, mem):
+        args = a.queue_snapshot
+        if args.entry_size == 0:
+            raise SimErrno(errno.EINVAL)
+        stride, copy = args.entry_size, min(args.entry_size, SNAPSHOT_ENTRY)
+        queues = list(target.queues.values())              # newest first
+        for n, q in enumerate(queues[:args.num_queues]):
+            entry = s.kfd_queue_snapshot_entry(
+                q.exception_status, q.ring_base, q.wptr, q.rptr, q.ctx_save_restore_address, q.qid,
+                q.gpu_id, q.ring_size & 0xFFFFFFFF, _user_queue_type(q.queue_type), q.ctx_save_restore_size, 0)
+            mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
+            q.exception_status &= ~args.exception_mask
+        args.num_queues, args.entry_size = len(queues), copy
+        return 0
+
+    def device_snapshot(self, caller, target, a, mem):
+        args = a.device_snapshot
+        if not args.snapshot_buf_ptr or args.entry_size == 0:
+            raise SimErrno(errno.EINVAL)
+        layout = self.kfd.abi.layout("kfd_dbg_device_info_entry")
+        stride, copy = args.entry_size, min(args.entry_size, ctypes.sizeof(layout))
+        devices = [self.kfd.devices[g] for g in target.gpu_ids]
+        for n, dev in enumerate(devices[:args.num_devices]):
+            p = dev.node.props
+            entry = layout(gpu_id=dev.gpu_id, location_id=p.get("location_id", 0), vendor_id=p.get("vendor_id", 0),
+                           device_id=p.get("device_id", 0), fw_version=p.get("fw_version", 0),
+                           gfx_target_version=p.get("gfx_target_version", 0), simd_count=p.get("simd_count", 0),
+                           max_waves_per_simd=p.get("max_waves_per_simd", 0), array_count=p.get("array_count", 0),
+                           simd_arrays_per_engine=p.get("simd_arrays_per_engine", 0), num_xcc=p.get("num_xcc", 1),
+                           capability=p.get("capability", 0), debug_prop=p.get("debug_prop", 0))
+            mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
+        args.num_devices, args.entry_size = len(devices), copy
+        return 0
+
+
+def _user_queue_type(queue_type):
+    """set_queue_type_for_user: SDMA_BY_ENG_ID has no user type (0xffffffff + WARN in 7.2)."""
+    return 0xFFFFFFFF if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID else queue_type
+
+
+def _fd_is_open(pid, fd):
+    import os
+    return os.path.exists(f"/proc/{pid}/fd/{fd}")

@@ -1,0 +1,503 @@
+"""The simulated KFD: the ioctl dispatcher and queue/memory semantics of Linux 7.2's amdkfd
+(kfd_chardev.c, kfd_process_queue_manager.c, kfd_device_queue_manager.c), as summarised with
+line citations in ../shared/reference/kfd-abi.md. DBG_TRAP lives in dbg_trap.py.
+
+Everything runs in the simulator server's single thread: one request at a time, like the
+kernel's per-process and DQM locks taken together.
+"""
+import ctypes
+import errno
+import time
+from dataclasses import dataclass
+
+import ioctl_opt
+
+from ..cwsr.sizing import cwsr_sizes
+from ..errors import ENOTSUPP
+from ..ioctls import constants as c
+from ..ioctls import structs as s
+from ..ioctls.requests import BY_NR
+from ..topology import read_topology
+from .errors import Blocked, SimErrno
+from .memory import BufferObject, access_ok, page_align
+from .proc_sysfs import SYSFS_COMPUTE, SYSFS_SDMA, ProcSysfs
+from .smi import SmiHub
+from .state import SimProcess, SimQueue
+from .timing import TimingModel
+
+QUEUE_TYPES_SINCE = {c.KFD_IOC_QUEUE_TYPE_COMPUTE: 1, c.KFD_IOC_QUEUE_TYPE_SDMA: 1,
+                     c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL: 1, c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI: 1,
+                     c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID: 17}
+KFD_MMAP_TYPE_DOORBELL = 3 << 62
+
+
+@dataclass(eq=False)
+class SimDevice:
+    gpu_id: int
+    node: object                     # topology.Node
+    cwsr: object                     # CwsrSizes or None
+    cwsr_enabled: bool
+    uses_mes: bool                   # gfx11+: MES firmware, no HWS runlists, grace period ignored
+    max_queues_per_process: int
+    remaps: int = 0                  # device-wide unmap+map cycles (HWS runlist refreshes)
+
+    @property
+    def svm(self):
+        return (self.node.gfx_target_version or 0) >= 90000
+
+
+class SimKfd:
+    def __init__(self, sysfs_root, profile, parameters):
+        self.profile = profile
+        self.abi = profile.abi
+        self.params = parameters
+        self.topology = read_topology(sysfs_root)
+        self.devices = {}
+        for node in self.topology.for_each_gpu():
+            gfxv = node.gfx_target_version or 0
+            sizes = cwsr_sizes(node.props)
+            self.devices[node.gpu_id] = SimDevice(
+                node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
+                gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
+        self.processes = {}
+        self.sysfs = ProcSysfs(self.topology_root(sysfs_root), profile)
+        self.smi = SmiHub(profile)
+        self.timing = TimingModel(self)
+        self._handlers = {
+            "GET_VERSION": self.get_version, "CREATE_QUEUE": self.create_queue,
+            "DESTROY_QUEUE": self.destroy_queue, "UPDATE_QUEUE": self.update_queue,
+            "SET_CU_MASK": self.set_cu_mask, "GET_QUEUE_WAVE_STATE": self.get_queue_wave_state,
+            "ALLOC_MEMORY_OF_GPU": self.alloc_memory, "FREE_MEMORY_OF_GPU": self.free_memory,
+            "MAP_MEMORY_TO_GPU": self.map_memory, "UNMAP_MEMORY_FROM_GPU": self.map_memory,
+            "ACQUIRE_VM": self.check_gpu_id, "SET_MEMORY_POLICY": self.check_gpu_id,
+            "SET_SCRATCH_BACKING_VA": self.check_gpu_id, "SET_TRAP_HANDLER": self.check_gpu_id,
+            "GET_TILE_CONFIG": self.check_gpu_id, "AVAILABLE_MEMORY": self.available_memory,
+            "GET_CLOCK_COUNTERS": self.get_clock_counters,
+            "GET_PROCESS_APERTURES_NEW": self.get_process_apertures_new,
+            "CREATE_EVENT": self.create_event, "DESTROY_EVENT": self.destroy_event,
+            "SET_EVENT": self.set_event, "RESET_EVENT": self.set_event, "WAIT_EVENTS": self.wait_events,
+            "SET_XNACK_MODE": self.set_xnack_mode, "SMI_EVENTS": self.smi_events,
+            "CRIU_OP": self.criu_op, "PROFILER": self.profiler,
+        }
+        from .dbg_trap import DbgTrap          # noqa: E402  (needs self fully built)
+        self.dbg = DbgTrap(self)
+        self._handlers["RUNTIME_ENABLE"] = self.dbg.runtime_enable
+        self._handlers["DBG_TRAP"] = self.dbg.dbg_trap
+
+    @staticmethod
+    def topology_root(sysfs_root):
+        from ..sysfs import SysfsRoot
+        return SysfsRoot(sysfs_root).proc
+
+    # --- process lifetime ---------------------------------------------------------------------
+    def open_process(self, pid, uid):
+        """kfd_open: creates the kfd_process and proc/<pid> (kfd_process.c:828-875)."""
+        proc = self.processes.get(pid)
+        if proc is None:
+            proc = SimProcess(pid, uid, tuple(self.devices))
+            self.processes[pid] = proc
+            self.sysfs.add_process(pid, proc.gpu_ids, {g for g, d in self.devices.items() if d.svm})
+            self.smi.emit(c.KFD_SMI_EVENT_PROCESS_START, 0, f"{pid:x} sim-{pid}\n", self.devices)
+        return proc
+
+    def release_process(self, pid):
+        """kfd_process_notifier_release_internal: the process's mm is gone (exit, kill -9).
+        Debug-disables itself and every target it was debugging, which resumes their suspended
+        queues (kfd-abi.md §2b'), then destroys its queues and memory."""
+        proc = self.processes.pop(pid, None)
+        if proc is None:
+            return
+        proc.alive = False
+        if proc.debug_trap_enabled:
+            self.dbg.disable(proc)
+        if proc.debugged_count:
+            for target in list(self.processes.values()):
+                if target.debugger is proc:
+                    self.dbg.disable(target)
+        for q in list(proc.queues.values()):
+            self._remove_queue(proc, q)
+        self.smi.drop_owner(pid)
+        self.sysfs.remove_process(pid)
+        self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} sim-{pid}\n", self.devices)
+
+    # --- the dispatcher (kfd_chardev.c:3599-3723) ---------------------------------------------
+    def ioctl(self, proc, caller_pid, request, user_arg, mem, caller_uid=0):
+        """Returns (retcode, bytes copied back to the caller's argument). Raises Blocked."""
+        nr = ioctl_opt.IOC_NR(request)
+        entry = BY_NR.get(nr)
+        if entry is None or not self.abi.supports(entry.name):
+            return -errno.ENOTTY, b""
+        if caller_pid != proc.pid:                 # the fd belongs to the process that opened it
+            return -errno.EBADF, b""
+        usize = ioctl_opt.IOC_SIZE(request)
+        layout = self.abi.layout(entry.struct.__name__) if entry.struct else None
+        ksize = ctypes.sizeof(layout) if layout else 0
+        kdata = bytearray(max(usize, ksize))
+        if "W" in entry.direction:                 # copy in usize bytes, the rest stays zero
+            kdata[:usize] = bytes(user_arg[:usize]).ljust(usize, b"\0")
+        args = layout.from_buffer(kdata) if layout else None
+        handler = self._handlers.get(entry.name, self.not_simulated)
+        try:
+            ret = handler(proc, args, mem, caller_uid) or 0
+        except SimErrno as e:
+            ret = -e.errno
+        del args                                   # release the buffer export before slicing
+        out = bytes(kdata[:usize]) if "R" in entry.direction else b""   # copied back even on error
+        return ret, out
+
+    def not_simulated(self, proc, args, mem, uid):
+        raise SimErrno(errno.EOPNOTSUPP, "not simulated")
+
+    # --- helpers -------------------------------------------------------------------------------
+    def device(self, gpu_id):
+        dev = self.devices.get(gpu_id)
+        if dev is None:
+            raise SimErrno(errno.EINVAL, f"no GPU with gpu_id {gpu_id}")
+        return dev
+
+    def check_gpu_id(self, proc, args, mem, uid):
+        self.device(args.gpu_id)
+
+    def find_bo(self, proc, addr, size, what):
+        """kfd_queue_buffer_get: `addr` must lie in one mapping of exactly `size` bytes."""
+        for bo in proc.bos.values():
+            if bo.contains(addr):
+                if bo.size != size:
+                    raise SimErrno(errno.EINVAL, f"{what}: mapping is {bo.size} bytes, expected {size}")
+                return bo
+        raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is not mapped")
+
+    def execute_queues(self, dev, grace_period=None):
+        """HWS: unmap every dynamic queue of the device, then map the active ones again
+        (execute_queues_cpsch). The timing model charges the stall to every active queue."""
+        dev.remaps += 1
+        return self.timing.device_remap(dev, grace_period)
+
+    # --- queues (kfd_chardev.c:252-470, kfd_queue.c:234-341) ----------------------------------
+    def create_queue(self, proc, a, mem, uid):
+        if (a.queue_percentage & 0xFF) > c.KFD_MAX_QUEUE_PERCENTAGE:
+            raise SimErrno(errno.EINVAL)
+        if a.queue_priority > c.KFD_MAX_QUEUE_PRIORITY:
+            raise SimErrno(errno.EINVAL)
+        if a.ring_size and a.ring_size & (a.ring_size - 1):
+            raise SimErrno(errno.EINVAL)
+        meta = getattr(a, "metadata_ring_size", 0)
+        if meta and meta & (meta - 1):
+            raise SimErrno(errno.EINVAL)
+        for addr in (a.ring_base_address, a.write_pointer_address, a.read_pointer_address,
+                     a.eop_buffer_address, a.ctx_save_restore_address):
+            if not access_ok(addr):
+                raise SimErrno(errno.EFAULT)
+        if QUEUE_TYPES_SINCE.get(a.queue_type, 99) > self.abi.minor:
+            raise SimErrno(ENOTSUPP)
+        dev = self.device(a.gpu_id)
+        sdma_engine_id = getattr(a, "sdma_engine_id", 0)
+        if a.queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID:
+            engines = dev.node.props.get("num_sdma_engines", 0) + dev.node.props.get("num_sdma_xgmi_engines", 0)
+            if sdma_engine_id >= engines:
+                raise SimErrno(errno.EINVAL)
+        is_compute = a.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
+        self.find_bo(proc, a.ring_base_address, page_align(a.ring_size + meta), "ring")
+        self.find_bo(proc, a.read_pointer_address, 4096, "rptr")
+        self.find_bo(proc, a.write_pointer_address, 4096, "wptr")
+        if is_compute and dev.cwsr_enabled:
+            if a.ctl_stack_size != dev.cwsr.ctl_stack_size:
+                raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
+            if a.ctx_save_restore_size < dev.cwsr.cwsr_size:
+                raise SimErrno(errno.EINVAL, "ctx_save_restore_size < cwsr_size")
+            mapping = page_align((a.ctx_save_restore_size + dev.cwsr.debug_memory_size) * dev.cwsr.num_xcc)
+            self.find_bo(proc, a.ctx_save_restore_address, mapping, "ctx save area")
+        if len(proc.queues_on(dev.gpu_id)) >= dev.max_queues_per_process:
+            raise SimErrno(errno.ENOSPC)
+        qid = proc.lowest_free_qid()
+        if qid is None:
+            raise SimErrno(errno.ENOMEM)
+        q = SimQueue(qid, dev.gpu_id, a.queue_type, a.ring_base_address, max(a.ring_size, 1024) if a.ring_size else 0,
+                     a.write_pointer_address, a.read_pointer_address, a.ctx_save_restore_address,
+                     a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
+                     (a.queue_percentage >> 8) & 0xFF, meta)
+        q.is_evicted = proc.evicted_since is not None
+        proc.queues = {qid: q, **proc.queues}            # list_add: the newest queue comes first
+        self.sysfs.add_queue(proc.pid, qid, q.ring_size, self._sysfs_type(q.queue_type), dev.gpu_id)
+        self.execute_queues(dev)
+        a.queue_id = qid
+        a.doorbell_offset = KFD_MMAP_TYPE_DOORBELL | (dev.gpu_id << 46) | (qid * 8)
+        return 0
+
+    def _sysfs_type(self, queue_type):
+        if queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
+            return SYSFS_COMPUTE
+        if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA:
+            return SYSFS_SDMA
+        shift = 1 if self.profile.has_diq else 0
+        return (3 if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI else 4) + shift
+
+    def find_queue(self, proc, qid, err=errno.EFAULT):
+        q = proc.queues.get(qid)
+        if q is None:
+            raise SimErrno(err, f"no queue {qid} in process {proc.pid}")
+        return q
+
+    def destroy_queue(self, proc, a, mem, uid):
+        q = self.find_queue(proc, a.queue_id, errno.EINVAL)
+        if q.is_suspended and proc.debug_trap_enabled:
+            if q.being_destroyed:
+                raise SimErrno(errno.EBUSY)
+            q.being_destroyed = True                # sleeps until the debugger resumes the queue
+            raise Blocked(ready=lambda: not q.is_suspended or not proc.alive,
+                          finish=lambda: self._finish_destroy(proc, q))
+        return self._finish_destroy(proc, q)
+
+    def _finish_destroy(self, proc, q):
+        q.being_destroyed = False
+        if proc.queues.get(q.qid) is q:
+            self._remove_queue(proc, q)
+            self.execute_queues(self.devices[q.gpu_id])
+        return 0
+
+    def _remove_queue(self, proc, q):
+        q.sync_progress()
+        proc.queues.pop(q.qid, None)
+        self.sysfs.remove_queue(proc.pid, q.qid)
+        self.timing.queue_removed(proc, q)
+
+    def update_queue(self, proc, a, mem, uid):
+        """kfd_ioctl_update_queue + pqm_update_queue_properties + update_queue (kfd-abi.md §2a)."""
+        if (a.queue_percentage & 0xFF) > c.KFD_MAX_QUEUE_PERCENTAGE or a.queue_priority > c.KFD_MAX_QUEUE_PRIORITY:
+            raise SimErrno(errno.EINVAL)
+        if a.ring_base_address and not access_ok(a.ring_base_address):
+            raise SimErrno(errno.EFAULT)
+        if a.ring_size and a.ring_size & (a.ring_size - 1):
+            raise SimErrno(errno.EINVAL)
+        ring_size = max(a.ring_size, c.KFD_MIN_QUEUE_RING_SIZE)
+        q = self.find_queue(proc, a.queue_id)
+        if a.ring_base_address and ring_size:
+            try:
+                self.find_bo(proc, a.ring_base_address, page_align(ring_size + q.metadata_ring_size), "ring")
+            except SimErrno:
+                raise SimErrno(errno.EFAULT, "ring address/size is not the queue's mapped ring") from None
+        dev = self.devices[q.gpu_id]
+        if proc.has_reset_queue and not dev.uses_mes:
+            raise SimErrno(errno.EACCES)
+        q.sync_progress()
+        was_active = q.is_active
+        q.ring_base, q.ring_size = a.ring_base_address, ring_size
+        q.percent, q.priority = a.queue_percentage & 0xFF, a.queue_priority
+        q.pm4_target_xcc = (a.queue_percentage >> 8) & 0xFF
+        self.sysfs.set_queue_size(proc.pid, q.qid, q.ring_size)
+        if was_active and not q.is_active:
+            self.timing.save_waves(dev, q, grace_period=None)
+        self.execute_queues(dev)
+        q.sync_progress()
+        return 0
+
+    def set_cu_mask(self, proc, a, mem, uid):
+        if a.num_cu_mask == 0 or a.num_cu_mask % 32:
+            raise SimErrno(errno.EINVAL)
+        words = min(a.num_cu_mask, 1024) // 32          # masks beyond 1024 bits are truncated
+        raw = mem.read(a.cu_mask_ptr, words * 4)
+        q = self.find_queue(proc, a.queue_id)
+        q.cu_mask = tuple(int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4))
+        self.execute_queues(self.devices[q.gpu_id])
+        return 0
+
+    def get_queue_wave_state(self, proc, a, mem, uid):
+        """kfd-abi.md §2d: only inactive compute queues with CWSR report; gfx9 also writes the
+        16-byte header at ctl_stack_address."""
+        q = self.find_queue(proc, a.queue_id)
+        dev = self.devices[q.gpu_id]
+        if not q.is_compute or q.is_active or not dev.cwsr_enabled:
+            raise SimErrno(errno.EINVAL)
+        header = s.kfd_context_save_area_header_wave_state(
+            q.ctl_stack_size - q.saved_ctl_stack_bytes, q.saved_ctl_stack_bytes,
+            q.ctl_stack_size, q.saved_wave_bytes)
+        mem.write(a.ctl_stack_address, bytes(header), proc.bos.values())
+        a.ctl_stack_used_size = q.saved_ctl_stack_bytes
+        a.save_area_used_size = q.saved_wave_bytes
+        return 0
+
+    # --- memory ---------------------------------------------------------------------------------
+    def alloc_memory(self, proc, a, mem, uid):
+        dev = self.device(a.gpu_id)
+        if a.size == 0 or not access_ok(a.va_addr):
+            raise SimErrno(errno.EINVAL)
+        handle = (list(self.devices).index(dev.gpu_id) << 32) | proc.next_handle
+        proc.next_handle += 1
+        proc.bos[handle] = BufferObject(handle, a.va_addr, a.size, a.gpu_id, a.flags)
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
+            proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + a.size
+            self.sysfs.set(proc.pid, f"vram_{a.gpu_id}", proc.vram[a.gpu_id])
+        a.handle = handle
+        a.mmap_offset = handle << 12
+        return 0
+
+    def free_memory(self, proc, a, mem, uid):
+        bo = proc.bos.pop(a.handle, None)
+        if bo is None:
+            raise SimErrno(errno.EINVAL)
+        if bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
+            proc.vram[bo.gpu_id] -= bo.size
+            self.sysfs.set(proc.pid, f"vram_{bo.gpu_id}", proc.vram[bo.gpu_id])
+        return 0
+
+    def map_memory(self, proc, a, mem, uid):
+        if a.handle not in proc.bos or a.n_devices == 0:
+            raise SimErrno(errno.EINVAL)
+        raw = mem.read(a.device_ids_array_ptr, 4 * a.n_devices)
+        for i in range(a.n_devices):
+            self.device(int.from_bytes(raw[4 * i:4 * i + 4], "little"))
+        a.n_success = a.n_devices
+        return 0
+
+    def available_memory(self, proc, a, mem, uid):
+        dev = self.device(a.gpu_id)
+        total = sum(b.props.get("size_in_bytes", 0) for b in dev.node.mem_banks) or 64 << 30
+        a.available = max(0, total - sum(p.vram.get(a.gpu_id, 0) for p in self.processes.values()))
+        return 0
+
+    def get_clock_counters(self, proc, a, mem, uid):
+        self.device(a.gpu_id)
+        now = time.monotonic_ns()
+        a.gpu_clock_counter = now // 10          # 100 MHz reference clock
+        a.cpu_clock_counter = a.system_clock_counter = now
+        a.system_clock_freq = 1_000_000_000
+        return 0
+
+    def get_process_apertures_new(self, proc, a, mem, uid):
+        if a.num_of_nodes == 0:
+            a.num_of_nodes = len(proc.gpu_ids)
+            return 0
+        n = min(a.num_of_nodes, len(proc.gpu_ids))
+        entry = s.kfd_process_device_apertures
+        out = bytearray()
+        for i, gpu in enumerate(proc.gpu_ids[:n]):
+            base = (i + 1) << 48
+            out += bytes(entry(base, base + (1 << 32) - 1, base + (2 << 32), base + (3 << 32) - 1,
+                               0x1000_0000, (1 << 47) - 1, gpu, 0))
+        mem.write(a.kfd_process_device_apertures_ptr, bytes(out))
+        a.num_of_nodes = n
+        return 0
+
+    # --- events ----------------------------------------------------------------------------------
+    def create_event(self, proc, a, mem, uid):
+        a.event_id = proc.next_event
+        a.event_slot_index = proc.next_event
+        a.event_page_offset = 2 << 62
+        proc.events[proc.next_event] = False
+        proc.next_event += 1
+        return 0
+
+    def destroy_event(self, proc, a, mem, uid):
+        if proc.events.pop(a.event_id, None) is None:
+            raise SimErrno(errno.EINVAL)
+        return 0
+
+    def set_event(self, proc, a, mem, uid):
+        if a.event_id not in proc.events:
+            raise SimErrno(errno.EINVAL)
+        proc.events[a.event_id] = isinstance(a, s.kfd_ioctl_set_event_args)
+        return 0
+
+    def wait_events(self, proc, a, mem, uid):
+        """No GPU signals events here: waits return TIMEOUT unless SET_EVENT fired."""
+        size = ctypes.sizeof(s.kfd_event_data)
+        raw = mem.read(a.events_ptr, size * a.num_events)
+        ids = [s.kfd_event_data.from_buffer_copy(raw, i * size).event_id for i in range(a.num_events)]
+        if any(i not in proc.events for i in ids):
+            raise SimErrno(errno.EINVAL)
+        fired = [proc.events[i] for i in ids]
+        done = all(fired) if a.wait_for_all else any(fired)
+        a.wait_result = c.KFD_IOC_WAIT_RESULT_COMPLETE if done else c.KFD_IOC_WAIT_RESULT_TIMEOUT
+        return 0
+
+    def set_xnack_mode(self, proc, a, mem, uid):
+        if a.xnack_enabled >= 0:
+            if proc.queues:
+                raise SimErrno(errno.EBUSY)
+            proc.xnack = a.xnack_enabled
+        a.xnack_enabled = proc.xnack
+        return 0
+
+    def smi_events(self, proc, a, mem, uid):
+        if a.gpuid not in proc.gpu_ids:
+            raise SimErrno(errno.EINVAL)
+        a.anon_fd = self.smi.open_client(proc.pid, a.gpuid, suser=(uid == 0))
+        return 0
+
+    # --- CRIU pause (whole-process eviction) -------------------------------------------------
+    def criu_op(self, proc, a, mem, uid):
+        if uid != 0:
+            raise SimErrno(errno.EACCES)
+        if a.op == c.KFD_CRIU_OP_PROCESS_INFO:
+            self.evict_process(proc, c.KFD_QUEUE_EVICTION_CRIU_CHECKPOINT)
+            proc.queues_paused = True
+            a.num_devices, a.num_bos, a.num_objects = len(proc.gpu_ids), len(proc.bos), len(proc.queues)
+            return 0
+        if a.op == c.KFD_CRIU_OP_UNPAUSE:
+            if not proc.queues_paused:
+                raise SimErrno(errno.EINVAL)
+            proc.queues_paused = False
+            self.restore_process(proc)
+            return 0
+        raise SimErrno(errno.EOPNOTSUPP, "checkpoint/restore payloads are not simulated")
+
+    def evict_process(self, proc, trigger):
+        """kfd_process_evict_queues: SMI QUEUE_EVICTION per GPU, every queue unmapped."""
+        if proc.evicted_since is not None:
+            return
+        proc.evicted_since = time.monotonic()
+        ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        for gpu in proc.gpu_ids:
+            self.smi.emit(c.KFD_SMI_EVENT_QUEUE_EVICTION, proc.pid, f"{ns} -{proc.pid} {gpu:x} {int(trigger)}\n",
+                          [gpu])
+        for dev in {self.devices[q.gpu_id] for q in proc.queues.values()}:
+            for q in proc.queues_on(dev.gpu_id):
+                q.sync_progress()
+                was_active = q.is_active
+                q.is_evicted = True
+                if was_active:
+                    self.timing.save_waves(dev, q, grace_period=None)
+            self.execute_queues(dev)
+
+    def restore_process(self, proc):
+        if proc.evicted_since is None:
+            return
+        elapsed_ms = int((time.monotonic() - proc.evicted_since) * 1000)
+        proc.evicted_since = None
+        ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        for gpu in proc.gpu_ids:
+            proc.evicted_ms[gpu] = proc.evicted_ms.get(gpu, 0) + elapsed_ms
+            self.sysfs.set(proc.pid, f"stats_{gpu}/evicted_ms", proc.evicted_ms[gpu])
+            self.smi.emit(c.KFD_SMI_EVENT_QUEUE_RESTORE, proc.pid, f"{ns} -{proc.pid} {gpu:x} 0\n", [gpu])
+        for dev in {self.devices[q.gpu_id] for q in proc.queues.values()}:
+            for q in proc.queues_on(dev.gpu_id):
+                q.is_evicted = False
+            self.execute_queues(dev)
+            for q in proc.queues_on(dev.gpu_id):
+                q.sync_progress()
+
+    # --- profiler (1.23) -----------------------------------------------------------------------
+    def profiler(self, proc, a, mem, uid):
+        if a.op == c.KFD_IOC_PROFILER_VERSION:
+            a.version = c.KFD_IOC_PROFILER_VERSION_NUM
+            return 0
+        if a.op == c.KFD_IOC_PROFILER_PMC:
+            if uid != 0:
+                raise SimErrno(errno.EPERM)            # perfmon_capable()
+            self.device(a.pmc.gpu_id)
+            holder = next((p for p in self.processes.values() if a.pmc.gpu_id in p.profiler_locked), None)
+            if a.pmc.lock:
+                if holder is proc:
+                    raise SimErrno(errno.EALREADY)
+                if holder is not None:
+                    raise SimErrno(errno.EBUSY)
+                proc.profiler_locked.add(a.pmc.gpu_id)
+            else:
+                proc.profiler_locked.discard(a.pmc.gpu_id)
+            return 0
+        raise SimErrno(errno.EINVAL)
+
+    # --- GET_VERSION -----------------------------------------------------------------------------
+    def get_version(self, proc, a, mem, uid):
+        a.major_version, a.minor_version = self.abi.major, self.abi.minor
+        return 0

@@ -1,0 +1,118 @@
+"""Start, find and stop simulated machines. State lives in $KFDTOOL_SIM_DIR/<name> (default
+/tmp/kfdtool-sim-<uid>/<name>): the sysfs tree under sys/, the socket kfd.sock, a log."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SimulatorError
+from .client import SimBackend, SimControl
+from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
+
+START_TIMEOUT_S = 30
+
+
+def base_dir():
+    return Path(os.environ.get("KFDTOOL_SIM_DIR") or f"/tmp/kfdtool-sim-{os.getuid()}")
+
+
+@dataclass
+class SimMachine:
+    name: str
+    dir: Path
+
+    @property
+    def sysfs_root(self):
+        return self.dir / "sys"
+
+    @property
+    def socket(self):
+        return self.dir / "kfd.sock"
+
+    @property
+    def info(self):
+        try:
+            return json.loads((self.dir / "machine.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def kernel_release(self):
+        return self.info.get("release") or PROFILES["1.23"].release
+
+    def is_running(self):
+        try:
+            SimControl(self.socket).close()
+            return True
+        except SimulatorError:
+            return False
+
+    def control(self):
+        return SimControl(self.socket)
+
+    def open_kfd(self):
+        return SimBackend(self.socket)
+
+
+def machine(name):
+    find_preset(name)
+    return SimMachine(name, base_dir() / name)
+
+
+def start(name, abi="1.23", params=None, realtime=True):
+    """Start the simulator for `name` (no-op if it already runs). Returns the SimMachine."""
+    sim = machine(name)
+    find_profile(abi)
+    if sim.is_running():
+        return sim
+    sim.dir.mkdir(parents=True, exist_ok=True)
+    (sim.dir / "ready").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
+    cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
+    if not realtime:
+        cmd.append("--no-realtime")
+    log = open(sim.dir / "server.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (sim.dir / "ready").exists():
+        if proc.poll() is not None:
+            raise SimulatorError(f"simulator for {name} exited at start; see {sim.dir / 'server.log'}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SimulatorError(f"simulator for {name} did not start within {START_TIMEOUT_S}s")
+        time.sleep(0.02)
+    return sim
+
+
+def stop(name):
+    sim = machine(name)
+    if not sim.is_running():
+        return False
+    with sim.control() as ctl:
+        ctl("shutdown")
+    deadline = time.monotonic() + 10
+    while sim.socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
+def static_tree(name, abi="1.23"):
+    """The sysfs tree of a machine whose simulator is not running (topology only, no processes)."""
+    sim = machine(name)
+    if not sim.is_running():
+        profile = find_profile(abi)
+        materialize(name, sim.sysfs_root, profile)
+        proc_dir = sim.sysfs_root / "class" / "kfd" / "kfd" / "proc"
+        for entry in proc_dir.iterdir():          # a dead simulator's processes are gone
+            shutil.rmtree(entry, ignore_errors=True)
+        info = sim.info
+        info.update({"preset": name, "abi": abi, "release": profile.release})
+        (sim.dir / "machine.json").write_text(json.dumps(info))
+    return sim
+
+
+__all__ = ["PRESETS", "SimMachine", "machine", "start", "stop", "static_tree"]

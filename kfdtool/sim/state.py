@@ -1,0 +1,88 @@
+"""State of the simulated KFD: processes, queues, buffer objects (kfd_priv.h's structures, trimmed)."""
+import time
+from dataclasses import dataclass, field
+
+from ..ioctls import constants as c
+
+
+@dataclass
+class SimQueue:
+    qid: int
+    gpu_id: int
+    queue_type: int                   # KFD_IOC_QUEUE_TYPE_*
+    ring_base: int
+    ring_size: int
+    wptr: int
+    rptr: int
+    ctx_save_restore_address: int
+    ctx_save_restore_size: int
+    ctl_stack_size: int
+    percent: int
+    priority: int
+    pm4_target_xcc: int = 0
+    metadata_ring_size: int = 0
+    exception_status: int = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
+    is_suspended: bool = False
+    is_evicted: bool = False
+    being_destroyed: bool = False
+    cu_mask: tuple = ()
+    # timing model: waves resident while the queue runs work, and work done while mapped
+    resident_waves: int = 0
+    progress_ns: int = 0
+    mapped_since_ns: int | None = None
+    saved_ctl_stack_bytes: int = 0
+    saved_wave_bytes: int = 0
+
+    @property
+    def is_compute(self):
+        return self.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
+
+    @property
+    def is_active(self):
+        """QUEUE_IS_ACTIVE (kfd_priv.h:563-567)."""
+        return (self.ring_size > 0 and self.ring_base != 0 and self.percent > 0
+                and not self.is_evicted and not self.is_suspended)
+
+    def sync_progress(self, now_ns=None):
+        """Account work done since the last state change; call before and after every change."""
+        now_ns = now_ns if now_ns is not None else time.monotonic_ns()
+        if self.mapped_since_ns is not None:
+            self.progress_ns += now_ns - self.mapped_since_ns
+        self.mapped_since_ns = now_ns if (self.is_active and self.resident_waves > 0) else None
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    uid: int
+    gpu_ids: tuple
+    runtime_state: int = c.DEBUG_RUNTIME_STATE_DISABLED
+    r_debug: int = 0
+    ttmp_setup: int = 0
+    debug_trap_enabled: bool = False
+    debugger: "SimProcess | None" = None
+    debugged_count: int = 0
+    exception_mask: int = 0
+    dbg_flags: int = 0
+    queues: dict = field(default_factory=dict)          # qid -> SimQueue, insertion = creation order
+    bos: dict = field(default_factory=dict)             # handle -> BufferObject
+    events: dict = field(default_factory=dict)          # event_id -> signaled
+    next_handle: int = 1
+    next_event: int = 1
+    queues_paused: bool = False                         # CRIU PROCESS_INFO
+    has_reset_queue: bool = False
+    vram: dict = field(default_factory=dict)            # gpu_id -> bytes
+    evicted_ms: dict = field(default_factory=dict)      # gpu_id -> ms
+    evicted_since: float | None = None
+    profiler_locked: set = field(default_factory=set)
+    xnack: int = 0
+    alive: bool = True
+
+    def lowest_free_qid(self):
+        for qid in range(c.KFD_MAX_NUM_OF_QUEUES_PER_PROCESS):
+            if qid not in self.queues:
+                return qid
+        return None
+
+    def queues_on(self, gpu_id):
+        return [q for q in self.queues.values() if q.gpu_id == gpu_id]

@@ -1,0 +1,114 @@
+"""Timing model of queue preemption on the simulated GPU. Every constant says where it comes from;
+the ones we could not source are marked ESTIMATE and are parameters, not facts.
+
+suspend latency = HWS unmap+map of the whole device + grace period (waves allowed to finish)
+                  + CWSR save (resident wave state bytes / memory bandwidth)
+resume latency  = HWS map + CWSR restore (the same bytes / bandwidth)
+
+The server really waits that long before replying (the DQM lock is device-wide, so other
+clients wait too), which lets schedulers built on the simulator feel realistic latencies.
+"""
+import time
+from dataclasses import dataclass
+
+# Memory bandwidth per device model, bytes/s. MI300X: 5.3 TB/s HBM3 (AMD product page); the
+# MI308X and MI210 values are their product pages' peak numbers (MI210: 1.6 TB/s).
+HBM_BANDWIDTH = {29857: 5.3e12, 29858: 5.3e12, 29711: 1.6e12}     # device_id -> B/s
+DEFAULT_BANDWIDTH = 1.0e12                                       # ESTIMATE for other GPUs
+TOTAL_XCC = {29857: 8, 29858: 4}                                  # XCCs per physical device
+HWS_REMAP_BASE_S = 40e-6            # ESTIMATE: UNMAP_QUEUES + QUERY_STATUS fence + new runlist
+HWS_REMAP_PER_QUEUE_S = 1.5e-6      # ESTIMATE: per active queue in the runlist
+MES_REMOVE_ADD_S = 60e-6            # ESTIMATE: MES REMOVE_QUEUE/ADD_QUEUE round trip
+WAVES_PER_CU_GFX9 = 40              # formula's cu_num*40 wave slots (kfd_queue.c)
+
+
+@dataclass
+class PreemptCost:
+    remap_s: float = 0.0
+    grace_s: float = 0.0
+    save_s: float = 0.0
+    restore_s: float = 0.0
+    saved_bytes: int = 0
+
+    @property
+    def total_s(self):
+        return self.remap_s + self.grace_s + self.save_s + self.restore_s
+
+
+class TimingModel:
+    def __init__(self, kfd, realtime=True):
+        self.kfd = kfd
+        self.realtime = realtime
+        self.pending = PreemptCost()      # cost of the request being handled, paid before replying
+        self.last = PreemptCost()
+
+    # --- per-device facts -------------------------------------------------------------------------
+    def bandwidth(self, dev):
+        device_id = dev.node.props.get("device_id", 0)
+        full = HBM_BANDWIDTH.get(device_id, DEFAULT_BANDWIDTH)
+        share = dev.node.num_xcc / TOTAL_XCC.get(device_id, dev.node.num_xcc)   # partitions share HBM
+        return full * min(1.0, share)
+
+    def bytes_per_wave(self, dev):
+        if dev.cwsr is None or not dev.node.cu_count:
+            return 0
+        per_cu = dev.cwsr.wg_data_size // max(1, dev.node.cu_per_xcc)
+        return per_cu // WAVES_PER_CU_GFX9
+
+    def max_waves(self, dev):
+        return dev.node.cu_count * WAVES_PER_CU_GFX9
+
+    def grace_seconds(self, dev, grace_period):
+        """SCH_WAVE counts 1K GPU clocks, 8 bits wide; 0 is forced to 1; MES ignores it."""
+        if grace_period is None or dev.uses_mes:
+            return 0.0
+        field = (grace_period or 1) & 0xFF
+        clock_hz = (dev.node.props.get("max_engine_clk_fcompute") or 1500) * 1e6
+        return field * 1024 / clock_hz
+
+    # --- events -----------------------------------------------------------------------------------
+    def device_remap(self, dev, grace_period=None):
+        active = sum(1 for p in self.kfd.processes.values() for q in p.queues_on(dev.gpu_id) if q.is_active)
+        cost = MES_REMOVE_ADD_S if dev.uses_mes else HWS_REMAP_BASE_S + HWS_REMAP_PER_QUEUE_S * active
+        self.pending.remap_s += cost
+        return cost
+
+    def save_waves(self, dev, q, grace_period):
+        """Waves still resident after the grace period are saved to the CWSR area (or drained
+        when CWSR is off). Waves finish at a steady rate, so the grace period drains a share."""
+        grace = self.grace_seconds(dev, grace_period)
+        self.pending.grace_s = max(self.pending.grace_s, grace)
+        waves = q.resident_waves
+        if grace and waves:
+            waves = int(waves * max(0.0, 1.0 - grace / 1e-3))       # ESTIMATE: 1 ms mean wave life
+        if not dev.cwsr_enabled:
+            q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
+            self.pending.grace_s = max(self.pending.grace_s, 1e-3 if waves else 0.0)  # drain
+            return
+        saved = waves * self.bytes_per_wave(dev)
+        q.saved_wave_bytes = saved
+        per_xcc_waves = -(-waves // dev.node.num_xcc) if waves else 0
+        q.saved_ctl_stack_bytes = min(q.ctl_stack_size, 40 + 8 * per_xcc_waves + 8) if waves else 0
+        self.pending.saved_bytes += saved
+        self.pending.save_s += saved / self.bandwidth(dev)
+
+    def restore_waves(self, dev, q):
+        if q.saved_wave_bytes:
+            self.pending.restore_s += q.saved_wave_bytes / self.bandwidth(dev)
+        q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
+
+    def queue_removed(self, proc, q):
+        pass
+
+    def settle(self):
+        """Pay the accumulated cost of the request just handled (called by the server)."""
+        cost, self.pending = self.pending, PreemptCost()
+        self.last = cost
+        if self.realtime and cost.total_s > 0:
+            deadline = time.perf_counter() + cost.total_s
+            while True:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                time.sleep(left if left > 2e-3 else 0)
+        return cost
