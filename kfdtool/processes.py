@@ -46,7 +46,10 @@ class KfdProcess:
 
     @property
     def gpu_ids(self):
-        return sorted(set(self.vram) | {q.gpu_id for q in self.queues if q.gpu_id is not None})
+        """GPUs this process uses: has queues on, or VRAM allocated on (every GPU it could access
+        has sysfs entries, mostly zero)."""
+        used = {g for g, v in self.vram.items() if v} | {q.gpu_id for q in self.queues if q.gpu_id is not None}
+        return sorted(used)
 
     def to_dict(self):
         per_gpu = {str(g): {"vram_bytes": self.vram.get(g), "sdma_us": self.sdma_us.get(g),

@@ -256,17 +256,18 @@ class SimServer:
         for q in proc.queues.values():
             if msg.get("qid") is None or q.qid == int(msg["qid"]):
                 q.sync_progress()
-                q.resident_waves = int(msg["waves"])
+                q.resident_waves = min(int(msg["waves"]), self.kfd.timing.max_waves(self.kfd.devices[q.gpu_id]))
                 q.sync_progress()
         self._refresh_occupancy(proc)
         return {}
 
     def _refresh_occupancy(self, proc):
-        for gpu in proc.gpu_ids:
+        """cu_occupancy = ceil(waves in flight / wave slots per CU), at most the CU count."""
+        for gpu in {q.gpu_id for q in proc.queues.values()}:
+            node = self.kfd.devices[gpu].node
+            per_cu = node.props.get("max_waves_per_simd", 8) * node.props.get("simd_per_cu", 4)
             waves = sum(q.resident_waves for q in proc.queues_on(gpu) if q.is_active)
-            per_cu = self.kfd.devices[gpu].node.props.get("max_waves_per_simd", 8) * \
-                self.kfd.devices[gpu].node.props.get("simd_per_cu", 4)
-            self.kfd.sysfs.set(proc.pid, f"stats_{gpu}/cu_occupancy", -(-waves // per_cu) if waves else 0)
+            self.kfd.sysfs.set(proc.pid, f"stats_{gpu}/cu_occupancy", min(node.cu_count, -(-waves // per_cu)))
 
     def ctl_queues(self, conn, msg):
         proc = self._proc(msg)

@@ -1,0 +1,34 @@
+"""What every command needs: where sysfs is (real, --sysfs-root, or a simulated machine)."""
+import os
+from dataclasses import dataclass
+
+from ..sysfs import SysfsRoot
+
+
+@dataclass
+class Context:
+    sysfs: SysfsRoot
+    sim: object = None                 # sim.runner.SimMachine when --sim is given
+    kernel_release: str | None = None
+
+    @classmethod
+    def from_args(cls, args):
+        if args.sim:
+            from ..sim import runner
+            try:
+                machine = runner.static_tree(args.sim)
+            except KeyError as e:
+                from ..errors import SimulatorError
+                raise SimulatorError(e.args[0]) from None
+            return cls(SysfsRoot(machine.sysfs_root), machine, machine.kernel_release)
+        return cls(SysfsRoot(args.sysfs_root), None, None)
+
+    def open_device(self):
+        from ..device import KfdDevice
+        if self.sim is not None:
+            from ..errors import SimulatorError
+            if not self.sim.is_running():
+                raise SimulatorError(f"simulated {self.sim.name} is not running; start it with "
+                                     f"`kfdtool sim start {self.sim.name}`")
+            return KfdDevice(self.sim.open_kfd())
+        return KfdDevice.open(os.environ.get("KFDTOOL_DEVICE", "/dev/kfd"))

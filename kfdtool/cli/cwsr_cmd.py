@@ -1,0 +1,72 @@
+"""kfdtool cwsr: can queues on this machine be preempted with their waves saved, and at what cost."""
+import argparse
+
+from ..cwsr.params import PARAMETERS, SCHED_POLICIES, read_parameters
+from ..cwsr.sizing import cwsr_sizes
+from ..processes import scan_processes
+from ..topology import read_topology
+from .render import console, human_bytes, print_json, table
+
+HELP = "CWSR facts: amdgpu parameters, per-GPU save-area sizes, per-queue save-area memory"
+EXAMPLES = """examples:
+  kfdtool cwsr                          # parameters, per-GPU sizes, per-process save areas
+  kfdtool cwsr --json
+  kfdtool --sim mi300x cwsr
+"""
+
+
+def add_parser(sub):
+    p = sub.add_parser("cwsr", aliases=["info"], help=HELP, description=HELP, epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+    return p
+
+
+def collect(ctx):
+    params = read_parameters(ctx.sysfs)
+    topo = read_topology(ctx.sysfs)
+    gpus = []
+    by_gpu = {}
+    for node in topo.for_each_gpu():
+        sizes = None if node.hidden else cwsr_sizes(node.props)
+        by_gpu[node.gpu_id] = sizes
+        gpus.append({"gpu_id": node.gpu_id, "node": node.index, "gfx_name": node.gfx_name, "num_xcc": node.num_xcc,
+                     "ctl_stack_size": sizes.ctl_stack_size if sizes else None,
+                     "cwsr_size": sizes.cwsr_size if sizes else None,
+                     "debug_memory_size": sizes.debug_memory_size if sizes else None,
+                     "queue_save_area_bytes": sizes.queue_mapping_bytes if sizes else None,
+                     "source": sizes.source if sizes else None})
+    processes = []
+    scan = scan_processes(ctx.sysfs, with_psutil=False, kernel_release=ctx.kernel_release)
+    for proc in scan.processes:
+        compute = [q for q in proc.queues if q.type_name == "compute"]
+        total = sum((by_gpu.get(q.gpu_id).queue_mapping_bytes if by_gpu.get(q.gpu_id) else 0) for q in compute)
+        processes.append({"pid": proc.pid, "compute_queues": len(compute), "save_area_bytes": total})
+    enabled = params.get("cwsr_enable")
+    return {"schema": "kfdtool.cwsr/1", "parameters": params,
+            "cwsr_enabled": None if enabled is None else bool(enabled),
+            "scheduler": SCHED_POLICIES.get(params.get("sched_policy")), "gpus": gpus, "processes": processes}
+
+
+def run(args, ctx):
+    info = collect(ctx)
+    if args.json:
+        print_json(info)
+        return 0
+    out = console()
+    params = info["parameters"]
+    out.print(table("amdgpu parameters", ["PARAMETER", ">VALUE", "MEANING"],
+                    [(k, "(not loaded)" if v is None else v, PARAMETERS[k]) for k, v in params.items()]))
+    rows = [(g["gpu_id"], g["node"], g["gfx_name"], g["num_xcc"], g["ctl_stack_size"], g["cwsr_size"],
+             human_bytes(g["queue_save_area_bytes"]), g["source"]) for g in info["gpus"]]
+    out.print(table("CWSR save area per GPU (sizes per XCC; the per-queue area covers every XCC)",
+                    [">GPU_ID", ">NODE", "TARGET", ">XCC", ">CTL_STACK", ">CWSR_SIZE", ">PER QUEUE", "SOURCE"],
+                    rows))
+    if info["processes"]:
+        out.print(table("CWSR save-area memory per process", [">PID", ">COMPUTE QUEUES", ">SAVE AREAS"],
+                        [(p["pid"], p["compute_queues"], human_bytes(p["save_area_bytes"]))
+                         for p in info["processes"]]))
+    if info["cwsr_enabled"] is False:
+        out.print("[yellow]cwsr_enable=0: preemption drains waves instead of saving them[/]")
+    return 0

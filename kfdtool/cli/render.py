@@ -1,0 +1,43 @@
+"""Output helpers shared by the commands: rich tables for people, JSON and CSV for programs."""
+import csv
+import json
+import os
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+
+def console():
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
+    return Console(width=width, soft_wrap=False, highlight=False)
+
+
+def table(title, columns, rows, caption=None):
+    t = Table(title=title, caption=caption, show_lines=False, header_style="bold", title_justify="left")
+    for col in columns:
+        right = col.startswith(">")
+        t.add_column(col.lstrip(">"), justify="right" if right else "left", no_wrap=True)
+    for row in rows:
+        t.add_row(*["" if v is None else str(v) for v in row])
+    return t
+
+
+def print_json(obj):
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_csv(header, rows):
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+def human_bytes(n):
+    if n is None:
+        return None
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024

@@ -1,0 +1,116 @@
+"""kfdtool sim: start, inspect and stop simulated machines, and put simulated GPU work on them."""
+import argparse
+import subprocess
+import sys
+
+from ..errors import SimulatorError
+from ..sim import runner
+from ..sim.machine import PRESETS, PROFILES
+from .render import console, table
+
+HELP = "run a simulated KFD machine (no AMD GPU needed)"
+EXAMPLES = """examples:
+  kfdtool sim list                                  # machines you can simulate
+  kfdtool sim start mi308x                          # start the simulated 8x MI308X (ABI 1.23)
+  kfdtool sim start mi300x --abi 1.17               # an MI300X host as Linux 6.12 shows it
+  kfdtool sim workload mi308x --procs 3 --queues 4  # three fake GPU processes with 4 queues each
+  kfdtool --sim mi308x queues                       # look at them with the real readers
+  kfdtool sim stop mi308x
+"""
+
+
+def add_parser(sub):
+    p = sub.add_parser("sim", help=HELP, description=HELP, epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
+    s.add_parser("list", help="list simulated machines").set_defaults(run=run_list)
+    start = s.add_parser("start", help="start a simulated machine")
+    start.add_argument("machine")
+    start.add_argument("--abi", default="1.23", choices=sorted(PROFILES), help="KFD ABI version (default 1.23)")
+    start.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="amdgpu module parameter, e.g. sched_policy=2")
+    start.set_defaults(run=run_start)
+    stop = s.add_parser("stop", help="stop a simulated machine (its GPU processes exit)")
+    stop.add_argument("machine")
+    stop.set_defaults(run=run_stop)
+    status = s.add_parser("status", help="is it running, with how many processes and queues")
+    status.add_argument("machine")
+    status.set_defaults(run=run_status)
+    work = s.add_parser("workload", help="start simulated GPU processes with queues")
+    work.add_argument("machine")
+    work.add_argument("--procs", type=int, default=3)
+    work.add_argument("--queues", type=int, default=2, help="compute queues per GPU per process")
+    work.add_argument("--gpus", type=int, default=1, help="GPUs per process")
+    work.add_argument("--sdma", type=int, default=0, help="SDMA queues per GPU per process")
+    work.add_argument("--waves", type=int, default=512, help="resident waves per compute queue")
+    work.add_argument("--role", action="append", help="process names to cycle through")
+    work.set_defaults(run=run_workload)
+
+
+def run_list(args, ctx):
+    console().print(table("simulated machines", ["NAME", "DESCRIPTION"],
+                          [(p.name, p.description) for p in PRESETS.values()]))
+    return 0
+
+
+def _params(items):
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--param wants NAME=VALUE, got {item!r}")
+        params[name] = int(value) if value.lstrip("-").isdigit() else value
+    return params
+
+
+def run_start(args, ctx):
+    sim = runner.start(args.machine, args.abi, _params(args.param))
+    print(f"simulated {args.machine} running (KFD ABI {args.abi}); sysfs root {sim.sysfs_root}")
+    return 0
+
+
+def run_stop(args, ctx):
+    print(f"stopped {args.machine}" if runner.stop(args.machine) else f"{args.machine} was not running")
+    return 0
+
+
+def run_status(args, ctx):
+    sim = runner.machine(args.machine)
+    if not sim.is_running():
+        print(f"{args.machine}: not running")
+        return 1
+    with sim.control() as ctl:
+        st = ctl("status")
+    print(f"{args.machine}: running, KFD ABI {st['abi']} ({st['release']}), {len(st['gpus'])} GPUs, "
+          f"{len(st['processes'])} processes, {st['queues']} queues; sysfs root {st['sysfs_root']}")
+    return 0
+
+
+DEFAULT_ROLES = ["llm-serve", "resnet50-train", "batch-infer", "embed-svc"]
+
+
+def spawn_workload(machine, role, gpus=1, first_gpu=0, queues=2, sdma=0, waves=512, priority=7):
+    """Start one simulated GPU process; returns its pid once its queues exist."""
+    cmd = [sys.executable, "-m", "kfdtool.sim.workload", "--sim", machine, "--role", role, "--gpus", str(gpus),
+           "--first-gpu", str(first_gpu), "--queues", str(queues), "--sdma", str(sdma), "--waves", str(waves),
+           "--priority", str(priority)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("ready"):
+        err = proc.stderr.read().strip().splitlines()
+        raise SimulatorError(f"workload {role} failed to start: {err[-1] if err else 'no output'}")
+    return proc.pid
+
+
+def run_workload(args, ctx):
+    sim = runner.machine(args.machine)
+    if not sim.is_running():
+        raise SimulatorError(f"simulated {args.machine} is not running; start it with `kfdtool sim start {args.machine}`")
+    if args.procs <= 0 or args.queues < 0 or args.gpus <= 0:
+        raise ValueError("--procs and --gpus must be > 0, --queues >= 0")
+    roles = args.role or DEFAULT_ROLES
+    pids = [spawn_workload(args.machine, roles[i % len(roles)], args.gpus, i * args.gpus, args.queues, args.sdma,
+                           args.waves) for i in range(args.procs)]
+    print(f"started {len(pids)} simulated GPU processes: {' '.join(map(str, pids))}")
+    return 0

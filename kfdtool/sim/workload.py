@@ -1,0 +1,108 @@
+"""Simulated GPU processes: what ROCr/HIP do against /dev/kfd, done against the simulated KFD.
+
+`FakeRuntime` is the in-process part (RUNTIME_ENABLE at init, buffers and CREATE_QUEUE per
+hardware queue, like ROCr's AqlQueue). `python -m kfdtool.sim.workload` is a whole process that
+sets its name, creates queues, marks them busy and lives until killed or the simulator stops.
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+from ..cwsr.sizing import cwsr_sizes
+from ..device import KfdDevice
+from ..ioctls import constants as c
+from ..ioctls import structs as s
+from ..topology import read_topology
+from .memory import page_align
+
+GTT = c.KFD_IOC_ALLOC_MEM_FLAGS_GTT | c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+VRAM = c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM | c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+DEFAULT_RING = 1 << 20          # ROC_AQL_QUEUE_SIZE 16384 packets x 64 bytes
+
+
+class FakeRuntime:
+    def __init__(self, kfd, sysfs_root, runtime_enable=True):
+        self.kfd = kfd
+        self.topology = read_topology(sysfs_root)
+        self.next_va = 0x1000_0000_0000
+        self.queues = {}              # qid -> {gpu_id, ring_base, ring_size, ...}
+        if runtime_enable and kfd.supports("RUNTIME_ENABLE"):
+            kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
+
+    def alloc(self, gpu_id, size, flags=GTT):
+        va = self.next_va
+        self.next_va += page_align(size) + (1 << 21)
+        args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=va, size=size, gpu_id=gpu_id, flags=flags)
+        self.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
+        return va
+
+    def create_queue(self, gpu_id, queue_type=c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, priority=7, ring_size=DEFAULT_RING):
+        ring = self.alloc(gpu_id, ring_size)
+        rptr, wptr = self.alloc(gpu_id, 4096), self.alloc(gpu_id, 4096)
+        args = self.kfd.abi.layout("kfd_ioctl_create_queue_args")(
+            ring_base_address=ring, write_pointer_address=wptr, read_pointer_address=rptr, ring_size=ring_size,
+            gpu_id=gpu_id, queue_type=queue_type, queue_percentage=100, queue_priority=priority)
+        sizes = cwsr_sizes(self.topology.find_gpu(gpu_id).props)
+        compute = queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
+        if compute and sizes:
+            args.ctx_save_restore_address = self.alloc(gpu_id, sizes.queue_mapping_bytes)
+            args.ctx_save_restore_size = sizes.cwsr_size
+            args.ctl_stack_size = sizes.ctl_stack_size
+        self.kfd.ioctl("CREATE_QUEUE", args)
+        self.queues[args.queue_id] = {"gpu_id": gpu_id, "ring_base": ring, "ring_size": ring_size,
+                                      "type": queue_type, "priority": priority,
+                                      "ctx_save_restore_address": args.ctx_save_restore_address}
+        return args.queue_id
+
+    def destroy_queue(self, qid):
+        self.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(qid, 0))
+        self.queues.pop(qid, None)
+
+
+def set_process_name(name):
+    """prctl(PR_SET_NAME): what `ps` and psutil show as the process name."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m kfdtool.sim.workload")
+    parser.add_argument("--sim", required=True, help="simulated machine name")
+    parser.add_argument("--role", default="gpu-worker", help="process name to show")
+    parser.add_argument("--gpus", type=int, default=1, help="spread queues over this many GPUs")
+    parser.add_argument("--first-gpu", type=int, default=0, help="index of the first GPU to use")
+    parser.add_argument("--queues", type=int, default=2, help="compute queues per GPU")
+    parser.add_argument("--sdma", type=int, default=0, help="SDMA queues per GPU")
+    parser.add_argument("--priority", type=int, default=7)
+    parser.add_argument("--waves", type=int, default=512, help="resident waves per compute queue")
+    parser.add_argument("--vram-gib", type=float, default=2.0, help="VRAM to allocate per GPU")
+    args = parser.parse_args(argv)
+    from . import runner
+    set_process_name(args.role)
+    sim = runner.machine(args.sim)
+    kfd = KfdDevice(sim.open_kfd())
+    rt = FakeRuntime(kfd, sim.sysfs_root)
+    gpus = [n.gpu_id for n in rt.topology.for_each_gpu()]
+    chosen = [gpus[(args.first_gpu + i) % len(gpus)] for i in range(args.gpus)]
+    for gpu in chosen:
+        rt.alloc(gpu, int(args.vram_gib * (1 << 30)), VRAM)
+        for _ in range(args.queues):
+            rt.create_queue(gpu, priority=args.priority)
+        for _ in range(args.sdma):
+            rt.create_queue(gpu, c.KFD_IOC_QUEUE_TYPE_SDMA, ring_size=1 << 16)
+    with sim.control() as ctl:
+        ctl("set_waves", pid=os.getpid(), waves=args.waves)
+    print(f"ready {os.getpid()}", flush=True)
+    try:
+        kfd.backend.sock.recv(1)           # until the simulator goes away or we are killed
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
