@@ -35,8 +35,10 @@ class SysfsRoot:
         return self.root / "module" / "amdgpu" / "parameters"
 
     def require_kfd(self):
-        if not self.root.is_dir():
+        if not self.root.exists():
             raise SysfsError(f"sysfs root {self.root} does not exist")
+        if not self.root.is_dir():
+            raise SysfsError(f"sysfs root {self.root} is not a directory")
         if not self.kfd.is_dir():
             raise SysfsError(f"no KFD under {self.root} ({self.kfd} missing): is the amdgpu driver "
                              f"loaded? (use --sim NAME for a simulated GPU)")
@@ -48,7 +50,7 @@ def read_bytes(path):
     try:
         with open(path, "rb") as f:
             return f.read()
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
 
 

@@ -211,7 +211,7 @@ def read_topology(root=None, retries=GENERATION_RETRIES):
     topo_dir = sysfs.topology
     if not topo_dir.is_dir():
         sysfs.require_kfd()
-        raise SysfsError(f"{topo_dir} is missing")
+        raise SysfsError(f"{topo_dir} is {'not a directory' if topo_dir.exists() else 'missing'}")
     for _ in range(max(1, retries)):
         before = read_int(topo_dir / "generation_id")
         topo = _walk(topo_dir)

@@ -1,0 +1,58 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "kfd-topology"
+CAPTURES = ["k8sdp-mi210-8x-xgmi", "k8sdp-mi300x-8x-cpx", "k8sdp-mi308x-8x-cpx", "k8sdp-vega10-1gpu",
+            "rocprofsdk-composite", "tinygrad-rx7900xtx-partial"]
+
+
+def make_root(tmp, capture):
+    """A sysfs root whose class/kfd/kfd/topology is the capture: the shared copy where this
+    checkout has ../shared, else the byte-identical copy shipped in the package."""
+    root = Path(tmp) / capture
+    kfd = root / "class" / "kfd" / "kfd"
+    kfd.mkdir(parents=True)
+    shared = SHARED_FIXTURES / capture
+    if shared.is_dir():
+        (kfd / "topology").symlink_to(shared)
+    else:
+        from kfdtool.sim.machine import extract_capture
+        extract_capture(capture, kfd / "topology")
+    return root
+
+
+@pytest.fixture
+def capture_root(tmp_path):
+    return lambda capture: make_root(tmp_path, capture)
+
+
+def run_cli(*args, env=None, timeout=60):
+    """Run kfdtool as a user does, in a subprocess."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kfdtool", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def sim_dir(tmp_path_factory):
+    """A private KFDTOOL_SIM_DIR for the session; stops every simulator started in it at the end."""
+    d = tmp_path_factory.mktemp("sims")
+    old = os.environ.get("KFDTOOL_SIM_DIR")
+    os.environ["KFDTOOL_SIM_DIR"] = str(d)
+    yield d
+    from kfdtool.sim import runner
+    for machine_dir in d.iterdir():
+        if (machine_dir / "kfd.sock").exists():
+            try:
+                runner.stop(machine_dir.name)
+            except Exception:
+                pass
+    if old is None:
+        os.environ.pop("KFDTOOL_SIM_DIR", None)
+    else:
+        os.environ["KFDTOOL_SIM_DIR"] = old

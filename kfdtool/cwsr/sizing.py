@@ -33,18 +33,25 @@ class CwsrSizes:
         return self.wg_data_size * self.num_xcc
 
 
+def _count(props, key, default=0):
+    value = props.get(key, default)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
 def formula(props):
-    """CwsrSizes from a node's properties dict, or None where the kernel has no CWSR (< gfx8.0.1)."""
-    gfxv = props.get("gfx_target_version") or 0
-    if not isinstance(gfxv, int) or gfxv < 80001:
+    """CwsrSizes from a node's properties dict, or None where the kernel has no CWSR (< gfx8.0.1)
+    or the properties are unusable (missing, negative or non-numeric counts)."""
+    values = [_count(props, k, d) for k, d in (("gfx_target_version", 0), ("num_xcc", 1), ("simd_per_cu", 0),
+                                                ("simd_count", 0), ("array_count", 0),
+                                                ("simd_arrays_per_engine", 1), ("lds_size_in_kb", 64))]
+    if None in values:
         return None
-    num_xcc = props.get("num_xcc") or 1
-    simd_per_cu = props.get("simd_per_cu") or 0
-    if not simd_per_cu:
+    gfxv, num_xcc, simd_per_cu, simd_count, array_count, arrays_per_engine, lds_kb = values
+    if gfxv < 80001 or not simd_per_cu:
         return None
-    cu_num = props.get("simd_count", 0) // simd_per_cu // num_xcc
-    array_count = props.get("array_count", 0) // num_xcc
-    arrays_per_engine = props.get("simd_arrays_per_engine") or 1
+    num_xcc, arrays_per_engine = num_xcc or 1, arrays_per_engine or 1
+    cu_num = simd_count // simd_per_cu // num_xcc
+    array_count //= num_xcc
     if gfxv < 100100:
         wave_num = min(cu_num * 40, array_count // arrays_per_engine * 512)
     elif gfxv < 120500:
@@ -59,7 +66,7 @@ def formula(props):
         vgpr = 0x40000
     big = gfxv in (120500, 120501)
     sgpr = 0x8000 if big else 0x4000
-    lds = (props.get("lds_size_in_kb", 64) << 10) if gfxv in (90500, 120500, 120501) else 0x10000
+    lds = (lds_kb << 10) if gfxv in (90500, 120500, 120501) else 0x10000
     hwreg = 0x8000 if big else 0x1000
     wg_data_size = _align(cu_num * (vgpr + sgpr + lds + hwreg), PAGE_SIZE)
     ctl_stack = _align(40 + wave_num * (12 if gfxv >= 100100 else 8) + 8, PAGE_SIZE)
@@ -75,7 +82,7 @@ def cwsr_sizes(props):
     computed = formula(props)
     if computed is None:
         return None
-    if isinstance(props.get("cwsr_size"), int) and isinstance(props.get("ctl_stack_size"), int):
+    if (_count(props, "cwsr_size", None) or 0) > (_count(props, "ctl_stack_size", None) or 0) > 0:
         return CwsrSizes(props["ctl_stack_size"], props["cwsr_size"], computed.debug_memory_size,
                          props["cwsr_size"] - props["ctl_stack_size"], computed.num_xcc, "sysfs")
     return computed

@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import socket
+import threading
 
 import ioctl_opt
 
@@ -99,13 +100,32 @@ class SimControl(_Channel):
         return reply
 
 
-class SimBackend(_Channel):
-    """A simulated /dev/kfd fd: connecting and sending "open" makes this process a KFD process."""
+class SimBackend:
+    """A simulated /dev/kfd fd: connecting and sending "open" makes this process a KFD process.
+    Each thread gets its own connection (same pid, so the same KFD process), so a call that
+    sleeps in the kernel (DESTROY_QUEUE of a suspended queue) blocks only its own thread."""
 
     def __init__(self, socket_path):
-        super().__init__(socket_path)
-        self.call_json(b"O")
+        self.socket_path = socket_path
+        self._local = threading.local()
+        self._channels = []
         self.fd = self.sock.fileno()      # what user space would pass as dbg_fd
+
+    @property
+    def sock(self):
+        channel = getattr(self._local, "channel", None)
+        if channel is None:
+            channel = _Channel(self.socket_path)
+            channel.call_json(b"O")
+            self._local.channel = channel
+            self._channels.append(channel)
+        return channel.sock
+
+    def close(self):
+        for channel in self._channels:
+            channel.close()
+        self._channels.clear()
+        self._local = threading.local()
 
     def ioctl(self, request, arg):
         """Like fcntl.ioctl(fd, request, arg, True): fills `arg` in place, returns the ioctl's

@@ -321,6 +321,8 @@ class SimKfd:
         dev = self.device(a.gpu_id)
         if a.size == 0 or not access_ok(a.va_addr):
             raise SimErrno(errno.EINVAL)
+        if any(bo.va < a.va_addr + a.size and a.va_addr < bo.va + bo.size for bo in proc.bos.values()):
+            raise SimErrno(errno.EINVAL, "VA range overlaps an existing mapping")
         handle = (list(self.devices).index(dev.gpu_id) << 32) | proc.next_handle
         proc.next_handle += 1
         proc.bos[handle] = BufferObject(handle, a.va_addr, a.size, a.gpu_id, a.flags)

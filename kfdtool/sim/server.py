@@ -47,6 +47,7 @@ class SimServer:
             {"preset": preset, "abi": abi, "release": self.profile.release, "pid": os.getpid()}))
         self.kfd = SimKfd(self.sysfs_root, self.profile, self.params)
         self.kfd.timing.realtime = realtime
+        self.kfd.smi.on_close = self._forget
         self.sel = selectors.DefaultSelector()
         self.pidfds = {}              # pid -> pidfd
         self.blocked = []             # (conn, Blocked, out bytes)
@@ -197,6 +198,12 @@ class SimServer:
                     self._reply(conn, ret, out, {})
                 except OSError:
                     pass
+
+    def _forget(self, sock):
+        try:
+            self.sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
 
     def _register_smi(self):
         for fileno, client in self.kfd.smi.clients.items():

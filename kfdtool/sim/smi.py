@@ -19,6 +19,7 @@ class SmiHub:
         self.profile = profile
         self.clients = {}              # server-side fileno -> SmiClient
         self.pending_fds = []          # client ends to hand over with the current reply
+        self.on_close = lambda sock: None   # the server unregisters the socket from its selector
 
     def open_client(self, pid, gpu_id, suser):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,6 +48,7 @@ class SmiHub:
     def _close(self, fileno):
         client = self.clients.pop(fileno, None)
         if client:
+            self.on_close(client.sock)
             client.sock.close()
 
     def drop_owner(self, pid):

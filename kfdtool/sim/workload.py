@@ -27,6 +27,7 @@ class FakeRuntime:
         self.topology = read_topology(sysfs_root)
         self.next_va = 0x1000_0000_0000
         self.queues = {}              # qid -> {gpu_id, ring_base, ring_size, ...}
+        self.handles = []
         if runtime_enable and kfd.supports("RUNTIME_ENABLE"):
             kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
 
@@ -35,6 +36,7 @@ class FakeRuntime:
         self.next_va += page_align(size) + (1 << 21)
         args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=va, size=size, gpu_id=gpu_id, flags=flags)
         self.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
+        self.handles.append(args.handle)
         return va
 
     def create_queue(self, gpu_id, queue_type=c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, priority=7, ring_size=DEFAULT_RING):
@@ -58,6 +60,14 @@ class FakeRuntime:
     def destroy_queue(self, qid):
         self.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(qid, 0))
         self.queues.pop(qid, None)
+
+    def close(self):
+        """Destroy our queues and free our memory (what a runtime does at shutdown)."""
+        for qid in list(self.queues):
+            self.destroy_queue(qid)
+        for handle in self.handles:
+            self.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
+        self.handles.clear()
 
 
 def set_process_name(name):

@@ -1,0 +1,342 @@
+"""The simulated KFD against the semantics in kfd-abi.md, through the same KfdDevice seam that
+real hardware uses. The test process itself is the GPU process."""
+import ctypes
+import errno
+import os
+import threading
+import time
+
+import ioctl_opt
+import pytest
+
+from kfdtool import errors
+from kfdtool.ioctls import constants as c
+from kfdtool.ioctls import structs as s
+from kfdtool.ioctls.history import KfdAbi
+from simhelpers import Client, in_child, start
+
+
+@pytest.fixture(scope="module")
+def sim(sim_dir):
+    return start("mi308x")
+
+
+@pytest.fixture
+def client(sim):
+    cl = Client(sim)
+    yield cl
+    cl.close()
+
+
+def test_get_version_follows_the_selected_abi(sim_dir):
+    for name, abi in (("mi210", "1.17"), ("composite", "1.11")):
+        machine = start(name, abi)
+        cl = Client(machine, runtime_enable=False)
+        try:
+            assert str(cl.kfd.abi) == abi
+            if abi == "1.11":      # no debugger API below 1.13: the dispatcher answers ENOTTY
+                with pytest.raises(errors.NotSupported):
+                    cl.kfd.raw_ioctl(KfdAbi(23).request("DBG_TRAP"), s.kfd_ioctl_dbg_trap_args(), "DBG_TRAP")
+        finally:
+            cl.close()
+
+
+def test_dispatcher_checks_only_the_nr(client):
+    v = s.kfd_ioctl_get_version_args()
+    wrong_type = ioctl_opt.IOR(ord("Z"), 0x01, s.kfd_ioctl_get_version_args)
+    client.kfd.raw_ioctl(wrong_type, v)
+    assert (v.major_version, v.minor_version) == (1, 23)
+    for nr in (0x29, 0x87, 0x88):         # includes the seeds' PREEMPT_QUEUE/RESUME_QUEUE
+        with pytest.raises(errors.NotSupported, match="no such ioctl"):
+            client.kfd.raw_ioctl(ioctl_opt.IOWR(ord("K"), nr, ctypes.c_uint64 * 2), (ctypes.c_uint64 * 2)())
+
+
+def test_old_88_byte_create_queue_still_works(client):
+    """usize < kernel size: the tail is zero-filled (sdma_engine_id = metadata_ring_size = 0)."""
+    rt = client.rt
+    old = KfdAbi(16)
+    client.kfd.abi = old
+    try:
+        qid = rt.create_queue(client.gpus[0])
+    finally:
+        client.kfd.abi = KfdAbi(23)
+    assert qid in client.queues()
+
+
+def test_fd_is_bound_to_the_opener(client):
+    pid = os.fork()
+    if pid == 0:                          # the child reuses the parent's /dev/kfd connection
+        try:
+            client.kfd.ioctl("GET_VERSION", s.kfd_ioctl_get_version_args())
+            os._exit(0)
+        except errors.KfdIoctlError as e:
+            os._exit(7 if e.errno == errno.EBADF else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 7
+
+
+def test_queue_ids_are_lowest_free(client):
+    gpu = client.gpus[0]
+    a, b, cq = (client.rt.create_queue(gpu) for _ in range(3))
+    assert (a, b, cq) == (0, 1, 2)
+    client.rt.destroy_queue(b)
+    assert client.rt.create_queue(gpu) == 1
+    types = sorted(os.listdir(client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/queues"))
+    assert types == ["0", "1", "2"]
+    raw = (client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/queues/0/type").read_bytes()
+    assert raw == b"0"                      # no trailing newline, kernel-internal COMPUTE
+
+
+@pytest.mark.parametrize("field,value,err", [
+    ("queue_priority", 16, errno.EINVAL), ("queue_percentage", 101, errno.EINVAL),
+    ("ring_size", 3000, errno.EINVAL), ("queue_type", 9, errors.ENOTSUPP), ("ctl_stack_size", 4096, errno.EINVAL),
+    ("ring_base_address", 0xDEAD0000, errno.EINVAL), ("gpu_id", 1, errno.EINVAL),
+    ("read_pointer_address", 1 << 48, errno.EFAULT)])
+def test_create_queue_validation(client, field, value, err):
+    rt, gpu = client.rt, client.gpus[0]
+    qid = rt.create_queue(gpu)
+    good = {"ring_base_address": rt.queues[qid]["ring_base"]}
+    args = s.kfd_ioctl_create_queue_args(
+        ring_base_address=good["ring_base_address"], ring_size=1 << 20, gpu_id=gpu, queue_type=2,
+        queue_percentage=100, queue_priority=7)
+    # borrow the valid buffers of an existing queue, then break one field
+    snap, buf = client_snapshot(client)
+    args.read_pointer_address, args.write_pointer_address = snap["rptr"], snap["wptr"]
+    args.ctx_save_restore_address, args.ctx_save_restore_size = snap["ctx"], snap["ctx_size"]
+    args.ctl_stack_size = 8192
+    setattr(args, field, value)
+    with pytest.raises(errors.KfdIoctlError) as info:
+        client.kfd.ioctl("CREATE_QUEUE", args)
+    assert info.value.errno == err
+
+
+def client_snapshot(client):
+    client.enable_debug()
+    try:
+        args, buf = client.snapshot()
+        entry = s.kfd_queue_snapshot_entry.from_buffer_copy(bytes(buf)[:64])
+        return {"rptr": entry.read_pointer_address, "wptr": entry.write_pointer_address,
+                "ctx": entry.ctx_save_restore_address, "ctx_size": entry.ctx_save_restore_area_size}, buf
+    finally:
+        client.dbg("DISABLE")
+
+
+def test_update_queue_percentage_zero_deactivates(client):
+    gpu = client.gpus[0]
+    qid = client.rt.create_queue(gpu)
+    ring, size = client.rt.queues[qid]["ring_base"], client.rt.queues[qid]["ring_size"]
+
+    def update(pct, ring_base=ring, ring_size=size, queue_id=qid):
+        client.kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(ring_base, queue_id, ring_size, pct, 7))
+    update(0)
+    assert client.queues()[qid]["active"] is False
+    update(0x164)                         # 100% with pm4_target_xcc 1: bits 8-15 are not the percentage
+    assert client.queues()[qid]["active"] is True
+    update(256)                           # percent byte 0: inactive
+    assert client.queues()[qid]["active"] is False
+    update(100)
+    assert client.queues()[qid]["active"] is True
+    with pytest.raises(errors.InvalidArgument):
+        update(101)
+    with pytest.raises(errors.BadAddress, match="no such queue id"):
+        update(100, queue_id=77)
+    with pytest.raises(errors.BadAddress):
+        update(100, ring_base=ring + 4096 * 1024 * 8)
+    update(100, ring_base=0)              # a NULL ring deactivates too
+    assert client.queues()[qid]["active"] is False
+
+
+def _runtime_enable_rules(sim):
+    cl = Client(sim, runtime_enable=False)
+    cl.rt.create_queue(cl.gpus[0])
+    with pytest.raises(errors.KfdIoctlError) as info:
+        cl.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))
+    assert info.value.errno == errno.EEXIST
+    cl.enable_debug()
+    with pytest.raises(errors.PermissionDenied, match="not runtime-enabled"):
+        cl.suspend([0])
+    return True
+
+
+def test_runtime_enable_rules(sim):
+    assert in_child(_runtime_enable_rules, sim)
+
+
+def test_runtime_enable_twice_is_busy(client):
+    with pytest.raises(errors.Busy):
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))
+
+
+def test_dbg_trap_permission_order(client):
+    with pytest.raises(errors.ProcessNotFound):
+        client.dbg("ENABLE", "enable", pid=999_999_9, dbg_fd=client.kfd.fd)
+    with pytest.raises(errors.InvalidArgument, match="debugging is not enabled"):
+        client.suspend([0])
+    client.enable_debug()
+    with pytest.raises(errors.AlreadyDebugged, match="rocgdb"):
+        client.enable_debug()
+    client.dbg("DISABLE")
+    with pytest.raises(errors.KfdIoctlError) as info:
+        client.dbg("ENABLE", "enable", dbg_fd=987)
+    assert info.value.errno == errno.EBADF
+
+
+def test_dbg_trap_other_process_needs_ptrace(client, sim):
+    from kfdtool.cli.sim_cmd import spawn_workload
+    pid = spawn_workload("mi308x", "victim", queues=1, waves=10)
+    try:
+        with pytest.raises(errors.PermissionDenied, match="ptrace parent"):
+            client.dbg("ENABLE", "enable", pid=pid, dbg_fd=client.kfd.fd)
+    finally:
+        os.kill(pid, 9)
+
+
+def test_suspend_status_words_and_new_queues(client):
+    gpu = client.gpus[0]
+    q0 = client.rt.create_queue(gpu)
+    client.enable_debug()
+    client.snapshot()                     # clears EC_QUEUE_NEW on q0
+    q9 = None
+    for _ in range(9):
+        q9 = client.rt.create_queue(gpu)  # q9 is new: still carries EC_QUEUE_NEW
+    assert q0 == 0 and q9 == 9
+    client.rt.destroy_queue(5)
+    ret, status = client.suspend([0, 5, 9])
+    assert ret == 1 and status == [0x0, 0x80000005, 0x80000009]    # kfd-abi.md §2b example
+    ret, status = client.suspend([0])
+    assert ret == 1 and status == [0]     # already suspended counts as success
+    ret, status = client.resume([0, 5])
+    assert ret == 1 and status == [0, 0x80000005]
+    client.dbg("DISABLE")
+
+
+def test_snapshot_size_negotiation_and_order(client):
+    gpu = client.gpus[0]
+    for _ in range(3):
+        client.rt.create_queue(gpu)
+    client.enable_debug()
+    args, _ = client.snapshot(n=0)
+    assert args.num_queues == 3           # count-only query
+    args, buf = client.snapshot(n=3, entry_size=100)
+    assert args.entry_size == 64
+    ids = [s.kfd_queue_snapshot_entry.from_buffer_copy(bytes(buf)[i * 100:i * 100 + 64]).queue_id for i in range(3)]
+    assert ids == [2, 1, 0]               # newest first (list_add)
+    with pytest.raises(errors.InvalidArgument):
+        client.snapshot(n=3, entry_size=0)
+    client.dbg("DISABLE")
+
+
+def test_wave_state_rules(client):
+    gpu = client.gpus[0]
+    qid = client.rt.create_queue(gpu)
+    sdma = client.rt.create_queue(gpu, c.KFD_IOC_QUEUE_TYPE_SDMA, ring_size=1 << 16)
+    client.ctl("set_waves", pid=os.getpid(), qid=qid, waves=300)
+    ctx = client.rt.queues[qid]["ctx_save_restore_address"]
+    ws = s.kfd_ioctl_get_queue_wave_state_args(ctl_stack_address=ctx, queue_id=qid)
+    with pytest.raises(errors.InvalidArgument, match="inactive compute"):
+        client.kfd.ioctl("GET_QUEUE_WAVE_STATE", ws)          # active
+    client.enable_debug()
+    client.snapshot()
+    assert client.suspend([qid, sdma])[0] == 2
+    client.kfd.ioctl("GET_QUEUE_WAVE_STATE", ws)
+    assert ws.save_area_used_size > 0 and 0 < ws.ctl_stack_used_size <= 8192
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("GET_QUEUE_WAVE_STATE", s.kfd_ioctl_get_queue_wave_state_args(ctl_stack_address=ctx,
+                                                                                       queue_id=sdma))
+    with pytest.raises(errors.BadAddress):
+        client.kfd.ioctl("GET_QUEUE_WAVE_STATE", s.kfd_ioctl_get_queue_wave_state_args(ctl_stack_address=ctx,
+                                                                                       queue_id=99))
+    client.dbg("DISABLE")                 # resumes everything
+    assert all(q["active"] for q in client.queues().values())
+
+
+def test_suspend_stops_progress_resume_restarts_it(client):
+    qid = client.rt.create_queue(client.gpus[0])
+    client.ctl("set_waves", pid=os.getpid(), waves=200)
+    client.enable_debug()
+    client.snapshot()
+    client.suspend([qid])
+    p1 = client.queues()[qid]["progress_ns"]
+    time.sleep(0.05)
+    assert client.queues()[qid]["progress_ns"] == p1
+    client.resume([qid])
+    time.sleep(0.05)
+    assert client.queues()[qid]["progress_ns"] > p1
+    client.dbg("DISABLE")
+
+
+def test_destroy_of_suspended_queue_blocks_until_resume(client):
+    qid = client.rt.create_queue(client.gpus[0])
+    client.enable_debug()
+    client.snapshot()
+    client.suspend([qid])
+    done = threading.Event()
+
+    def destroy():
+        client.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(qid, 0))
+        done.set()
+    t = threading.Thread(target=destroy)
+    t.start()
+    assert not done.wait(0.3)             # sleeping in the kernel
+    client.resume([qid])
+    assert done.wait(5)
+    t.join()
+    client.rt.queues.pop(qid)
+    assert qid not in client.queues()
+    client.dbg("DISABLE")
+
+
+def test_sched_policy_2_refuses_debugger(sim_dir):
+    machine = start("vega10", "1.23")    # pre-gfx9 GPU: ENABLE gives ENODEV
+    cl = Client(machine)
+    try:
+        with pytest.raises(errors.NotSupported, match="pre-gfx9"):
+            cl.enable_debug()
+        cl.ctl("set_param", name="sched_policy", value=2)
+        with pytest.raises(errors.InvalidArgument, match="sched_policy=2"):
+            cl.enable_debug()
+    finally:
+        cl.ctl("set_param", name="sched_policy", value=0)
+        cl.close()
+
+
+def test_smi_events_eviction_and_restore(client):
+    import fcntl
+    gpu = client.gpus[0]
+    client.rt.create_queue(gpu)
+    args = s.kfd_ioctl_smi_events_args(gpuid=gpu)
+    client.kfd.ioctl("SMI_EVENTS", args)
+    fd = args.anon_fd
+    os.set_blocking(fd, False)
+    mask = c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_EVICTION) | \
+        c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_RESTORE)
+    os.write(fd, mask.to_bytes(8, "little"))
+    time.sleep(0.05)
+    with pytest.raises(BlockingIOError):
+        os.read(fd, 4096)                 # empty fifo: EAGAIN
+    client.ctl("evict", pid=os.getpid(), trigger=2)
+    client.ctl("restore", pid=os.getpid())
+    time.sleep(0.05)
+    text = os.read(fd, 8192).decode()
+    lines = [ln for ln in text.splitlines() if f" {gpu:x} " in ln]
+    assert lines[0].startswith("9 ") and lines[0].endswith(f" -{os.getpid()} {gpu:x} 2")
+    assert lines[1].startswith("a ") and lines[1].endswith(f" -{os.getpid()} {gpu:x} 0")
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) >= 0
+    os.close(fd)
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("SMI_EVENTS", s.kfd_ioctl_smi_events_args(gpuid=12345678))
+
+
+def test_process_exit_removes_proc_entry(sim):
+    from kfdtool.cli.sim_cmd import spawn_workload
+    pid = spawn_workload("mi308x", "short-lived", queues=2)
+    proc_dir = sim.sysfs_root / f"class/kfd/kfd/proc/{pid}"
+    assert len(os.listdir(proc_dir / "queues")) == 2
+    os.kill(pid, 9)
+    os.waitpid(pid, 0) if False else None
+    deadline = time.monotonic() + 5
+    while proc_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not proc_dir.exists()
