@@ -52,6 +52,7 @@ class SimServer:
         self.pidfds = {}              # pid -> pidfd
         self.blocked = []             # (conn, Blocked, out bytes)
         self.running = True
+        self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
         self.socket_path = self.dir / "kfd.sock"
 
     # --- main loop --------------------------------------------------------------------------------
@@ -128,6 +129,7 @@ class SimServer:
         if conn.kfd_open:
             return
         conn.kfd_open = True
+        self.opens += 1
         self._watch(conn.pid)
         self.kfd.open_process(conn.pid, conn.uid)
 
@@ -233,7 +235,7 @@ class SimServer:
         return {"preset": json.loads((self.dir / "machine.json").read_text())["preset"],
                 "abi": str(self.kfd.abi), "release": self.profile.release, "sysfs_root": str(self.sysfs_root),
                 "gpus": list(self.kfd.devices), "processes": sorted(self.kfd.processes),
-                "queues": sum(len(p.queues) for p in self.kfd.processes.values())}
+                "queues": sum(len(p.queues) for p in self.kfd.processes.values()), "opens": self.opens}
 
     def ctl_adopt(self, conn, msg):
         """Make an existing OS process a KFD process with queues, without it speaking the

@@ -1,0 +1,125 @@
+"""kfdtool as a user runs it: subprocesses, real output, bad input -> one line and exit != 0."""
+import json
+import os
+import time
+
+import pytest
+
+from conftest import run_cli
+from simhelpers import start
+
+
+@pytest.fixture(scope="module")
+def sim(sim_dir):
+    return start("mi308x")
+
+
+def one_line_error(result, needle):
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kfdtool: ") and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_topology_json_of_a_capture(capture_root):
+    root = capture_root("k8sdp-mi210-8x-xgmi")
+    result = run_cli("topology", "--json", env={"KFDTOOL_SYSFS_ROOT": str(root)})
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    gpus = [n for n in doc["nodes"] if n["kind"] == "gpu"]
+    assert doc["schema"] == "kfdtool.topology/1" and len(gpus) == 8
+    assert {g["gfx_name"] for g in gpus} == {"gfx90a"} and len(doc["hives"]) == 2
+
+
+def test_topology_table_of_the_simulated_mi308x(sim):
+    result = run_cli("--sim", "mi308x", "topology")
+    assert result.returncode == 0, result.stderr
+    assert "32 GPU nodes, 2 CPU nodes" in result.stdout and "gfx942" in result.stdout and "CPX" in result.stdout
+
+
+def test_queues_of_simulated_workloads(sim):
+    result = run_cli("sim", "workload", "mi308x", "--procs", "2", "--queues", "3", "--role", "llm-serve",
+                     "--role", "trainer")
+    assert result.returncode == 0, result.stderr
+    pids = [int(p) for p in result.stdout.split(":")[1].split()]
+    try:
+        doc = json.loads(run_cli("--sim", "mi308x", "queues", "--json", *sum((["-p", str(p)] for p in pids), [])).stdout)
+        assert doc["schema"] == "kfdtool.queues/1"
+        assert [p["pid"] for p in doc["processes"]] == sorted(pids)
+        assert {p["name"] for p in doc["processes"]} == {"llm-serve", "trainer"}
+        assert all(len(p["queues"]) == 3 and p["queues"][0]["type"] == "compute" for p in doc["processes"])
+        table = run_cli("--sim", "mi308x", "queues", "-n", "trainer").stdout
+        assert "trainer" in table and "llm-serve" not in table and "compute" in table
+        csv_out = run_cli("--sim", "mi308x", "queues", "--csv", "-p", str(pids[0])).stdout.splitlines()
+        assert csv_out[0].startswith("pid,name,user") and len(csv_out) == 4
+        watch = run_cli("--sim", "mi308x", "queues", "--json", "-p", str(pids[0]), "0.2", "2").stdout
+        docs = [json.loads(d) for d in watch.replace("}\n{", "}\x00{").split("\x00")]
+        assert len(docs) == 2 and "rates" in docs[1] and docs[1]["interval_s"] > 0.1
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
+
+
+def test_no_processes_is_said_honestly(sim_dir):
+    start("mi210")
+    deadline = time.monotonic() + 5
+    while True:
+        result = run_cli("--sim", "mi210", "queues")
+        if "no KFD processes" in result.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert result.returncode == 0 and result.stdout.strip() == "no KFD processes"
+
+
+def test_cwsr_json(sim):
+    doc = json.loads(run_cli("--sim", "mi308x", "cwsr", "--json").stdout)
+    assert doc["cwsr_enabled"] is True and doc["scheduler"] == "HWS"
+    assert {(g["ctl_stack_size"], g["cwsr_size"]) for g in doc["gpus"]} == {(8192, 12214272)}
+
+
+def test_sim_status_and_list(sim):
+    assert "mi308x: running, KFD ABI 1.23" in run_cli("sim", "status", "mi308x").stdout
+    assert "mi300x" in run_cli("sim", "list").stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sim", "nope", "queues"], "unknown simulated machine 'nope'"),
+    (["--sysfs-root", "/nonexistent/sys", "topology"], "/nonexistent/sys does not exist"),
+    (["--sysfs-root", "/etc/hostname", "queues"], "is not a directory"),
+    (["--sysfs-root", "/tmp", "queues"], "no KFD under /tmp"),
+    (["--sim", "mi308x", "queues", "-p", "999999"], "pid 999999 is not a KFD process"),
+    (["--sim", "mi308x", "queues", "0"], "interval must be > 0"),
+    (["sim", "start", "mi308x", "--param", "oops"], "--param wants NAME=VALUE"),
+    (["sim", "workload", "vega10"], "simulated vega10 is not running"),
+])
+def test_bad_input_gives_one_line(sim, args, needle):
+    one_line_error(run_cli(*args), needle)
+
+
+def test_unreadable_topology_file(tmp_path):
+    kfd = tmp_path / "class" / "kfd" / "kfd"
+    kfd.mkdir(parents=True)
+    (kfd / "topology").write_text("not a directory")
+    one_line_error(run_cli("topology", env={"KFDTOOL_SYSFS_ROOT": str(tmp_path)}), "topology is not a directory")
+
+
+def test_usage_errors_exit_2():
+    result = run_cli("queues", "-p", "abc")
+    assert result.returncode == 2 and "invalid int value" in result.stderr
+
+
+def test_help_has_examples():
+    for cmd in ("topology", "queues", "cwsr", "sim"):
+        out = run_cli(cmd, "--help").stdout
+        assert "examples:" in out and "kfdtool" in out
+
+
+def test_readonly_commands_never_open_dev_kfd(sim):
+    """Opening /dev/kfd registers the opener as a KFD process until it exits: read-only commands
+    must not. The simulator counts every open."""
+    with sim.control() as ctl:
+        before = ctl("status")["opens"]
+        for args in (["queues"], ["queues", "--json"], ["topology"], ["cwsr"]):
+            assert run_cli("--sim", "mi308x", *args).returncode == 0
+        assert ctl("status")["opens"] == before
