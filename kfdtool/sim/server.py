@@ -326,6 +326,9 @@ def main(argv=None):
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--no-realtime", action="store_true", help="do not sleep for modelled latencies")
     args = parser.parse_args(argv)
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)    # one pidfd per simulated process
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     params = {}
     for item in args.param:
         name, _, value = item.partition("=")

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Benchmark `kfdtool queues --json` on a simulated 8-GPU host (8x MI300X SPX) with N KFD
+processes x 8 queues: wall time and peak RSS of the whole command, as a user runs it, at
+N = 100 / 1,000 / 4,000. Target: <= 0.3 s at 1,000 x 8.
+
+Layout "per-gpu": each process has its 8 queues on one GPU (processes round-robin over the GPUs,
+the usual one-process-per-GPU ML layout). Layout "wide" (at 1,000 only): every process has one
+queue on each of the 8 GPUs, the worst case (8x the per-GPU stats files).
+The simulated processes are real OS processes (`sleep`) adopted by the simulator, so the /proc
+reads and psutil's enrichment do real work. A breakdown (interpreter start, sysfs scan, /proc
+enrichment) is measured in-process. Results go to results/bench_queues.{json,png}.
+
+    python scripts/bench_queues.py [--sizes 100 1000 4000] [--repeat 5]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GPUS = 8
+QUEUES_PER_PROC = 8
+
+
+def run_once(machine):
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
+    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (None, 0, None)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"kfdtool failed: {err.decode().strip()}")
+    return wall, json.loads(out), usage
+
+
+def measure(machine, repeat):
+    walls, rss = [], []
+    doc = None
+    for _ in range(repeat):
+        before = _children_maxrss()
+        wall, doc, _ = run_once(machine)
+        walls.append(wall)
+        rss.append(max(_children_maxrss(), before))
+    return walls, rss, doc
+
+
+def _children_maxrss():
+    import resource
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+def measure_rss(machine):
+    """Peak RSS of one kfdtool run, read by /usr/bin/time-like wait4 on that child alone."""
+    proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, _, usage = os.wait4(proc.pid, 0)
+    return usage.ru_maxrss * 1024
+
+
+def _wall(cmd):
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def _wait_for_processes(ctl, count, timeout=60):
+    deadline = time.monotonic() + timeout
+    while len(ctl("status")["processes"]) != count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _breakdown(sysfs_root):
+    """In-process: the sysfs part of the scan, then the /proc enrichment on its own."""
+    from kfdtool.processes import enrich, scan_processes
+    start = time.perf_counter()
+    scan = scan_processes(sysfs_root, with_psutil=False)
+    scan_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for proc in scan.processes:
+        enrich(proc)
+    return scan_s, time.perf_counter() - start
+
+
+def measure_host_syscall_cost():
+    """µs per open+read+close of a small file here: the unit cost the scan is made of."""
+    with tempfile.NamedTemporaryFile("w", delete=False) as f:
+        f.write("123\n")
+    start = time.perf_counter()
+    for _ in range(5000):
+        fd = os.open(f.name, os.O_RDONLY)
+        os.read(fd, 64)
+        os.close(fd)
+    os.unlink(f.name)
+    return (time.perf_counter() - start) / 5000 * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 4000])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", default=str(REPO / "results" / "bench_queues"))
+    args = parser.parse_args()
+    os.environ.setdefault("KFDTOOL_SIM_DIR", tempfile.mkdtemp(prefix="kfdtool-bench-"))
+    sys.path.insert(0, str(REPO))
+    from kfdtool.sim import runner
+
+    machine = "mi300x"
+    sim = runner.start(machine, realtime=False)
+    ctl = sim.control()
+    gpus = ctl("status")["gpus"]
+    assert len(gpus) == GPUS
+    sleepers = []
+    rows = []
+    try:
+        startup = statistics.median(_wall([sys.executable, "-m", "kfdtool", "--version"]) for _ in range(5))
+        plan = [(n, "per-gpu") for n in sorted(args.sizes)]
+        if 1000 in args.sizes:
+            plan.insert(plan.index((1000, "per-gpu")) + 1, (1000, "wide"))
+        for n, layout in plan:
+            for p in sleepers:
+                p.kill()
+                p.wait()
+            sleepers.clear()
+            _wait_for_processes(ctl, 0)
+            for i in range(n):
+                p = subprocess.Popen(["sleep", "3600"])
+                sleepers.append(p)
+                if layout == "per-gpu":
+                    g = gpus[i % GPUS]
+                    ctl("adopt", pid=p.pid, queues=[{"gpu_id": g, "type": 2}] * QUEUES_PER_PROC, vram={str(g): 4 << 30})
+                else:
+                    ctl("adopt", pid=p.pid, queues=[{"gpu_id": g, "type": 2} for g in gpus],
+                        vram={str(g): 4 << 30 for g in gpus})
+            run_once(machine)                                   # warm the page cache
+            walls = [run_once(machine)[0] for _ in range(args.repeat)]
+            _, doc, _ = run_once(machine)
+            rss = max(measure_rss(machine) for _ in range(2))
+            assert len(doc["processes"]) == n and all(len(p["queues"]) == QUEUES_PER_PROC for p in doc["processes"])
+            scan_s, enrich_s = _breakdown(sim.sysfs_root)
+            row = {"processes": n, "queues": n * QUEUES_PER_PROC, "layout": layout,
+                   "wall_s_median": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
+                   "peak_rss_bytes": rss, "breakdown_s": {"interpreter_and_imports": startup,
+                                                         "sysfs_scan": scan_s, "proc_enrichment": enrich_s}}
+            rows.append(row)
+            print(f"{n:5d} processes x {QUEUES_PER_PROC} queues ({layout}): median {row['wall_s_median']:.3f} s "
+                  f"(min {row['wall_s_min']:.3f}, max {row['wall_s_max']:.3f}), peak RSS {rss / 2**20:.1f} MiB; "
+                  f"startup {startup:.3f} s, sysfs {scan_s:.3f} s, /proc+psutil {enrich_s:.3f} s", flush=True)
+    finally:
+        for p in sleepers:
+            p.kill()
+        for p in sleepers:
+            p.wait()
+        ctl.close()
+        runner.stop(machine)
+    result = {"benchmark": "kfdtool queues --json", "machine": "simulated 8x MI300X (SPX)",
+              "command": f"{sys.executable} -m kfdtool --sim mi300x queues --json",
+              "target": "<= 0.3 s wall at 1,000 processes x 8 queues",
+              "host": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                       "python": platform.python_version(), "kernel": platform.release()},
+              "host_small_file_read_us": measure_host_syscall_cost(),
+              "repeat": args.repeat, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(rows, args.out + ".png")
+    print(f"wrote {args.out}.json and .png")
+
+
+def _plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    rows = [r for r in rows if r["layout"] == "per-gpu"]
+    n = [r["processes"] for r in rows]
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    ax1.plot(n, [r["wall_s_median"] for r in rows], "o-", label="wall time (median)")
+    ax1.plot(n, [r["breakdown_s"]["sysfs_scan"] for r in rows], "x:", label="of which sysfs scan")
+    ax1.axhline(0.3, color="grey", ls="--", lw=1, label="target at 1,000 (0.3 s)")
+    ax1.set_xlabel("KFD processes (x 8 queues)")
+    ax1.set_ylabel("seconds")
+    ax2 = ax1.twinx()
+    ax2.plot(n, [r["peak_rss_bytes"] / 2**20 for r in rows], "s--", color="tab:orange", label="peak RSS")
+    ax2.set_ylabel("MiB")
+    ax1.legend(loc="upper left")
+    ax2.legend(loc="lower right")
+    ax1.set_title("kfdtool queues --json, simulated 8x MI300X")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
