@@ -29,7 +29,7 @@ def client(sim):
 
 
 def test_get_version_follows_the_selected_abi(sim_dir):
-    for name, abi in (("mi210", "1.17"), ("composite", "1.11")):
+    for name, abi in (("mi300x-cpx", "1.17"), ("composite", "1.11")):
         machine = start(name, abi)
         cl = Client(machine, runtime_enable=False)
         try:

@@ -68,6 +68,10 @@ def start(name, abi="1.23", params=None, realtime=True):
     sim = machine(name)
     find_profile(abi)
     if sim.is_running():
+        running_abi = sim.info.get("abi")
+        if running_abi != abi:
+            raise SimulatorError(f"simulated {name} already runs with KFD ABI {running_abi}; "
+                                 f"stop it first (`kfdtool sim stop {name}`)")
         return sim
     sim.dir.mkdir(parents=True, exist_ok=True)
     (sim.dir / "ready").unlink(missing_ok=True)
