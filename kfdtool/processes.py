@@ -24,10 +24,11 @@ class KfdQueue:
     type_code: int | None
     type_name: str
     size: int | None
+    suspended_by: int | None = None      # pid of a live `kfdtool preempt` holding it (kernel: unknown)
 
     def to_dict(self):
         return {"qid": self.qid, "gpu_id": self.gpu_id, "type": self.type_name,
-                "type_code": self.type_code, "ring_size": self.size}
+                "type_code": self.type_code, "ring_size": self.size, "suspended_by": self.suspended_by}
 
 
 @dataclass

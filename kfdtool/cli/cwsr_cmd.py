@@ -5,12 +5,13 @@ from ..cwsr.params import PARAMETERS, SCHED_POLICIES, read_parameters
 from ..cwsr.sizing import cwsr_sizes
 from ..processes import scan_processes
 from ..topology import read_topology
-from .render import console, human_bytes, print_json, table
+from .render import console, group_identical, human_bytes, print_json, table
 
 HELP = "CWSR facts: amdgpu parameters, per-GPU save-area sizes, per-queue save-area memory"
 EXAMPLES = """examples:
   kfdtool cwsr                          # parameters, per-GPU sizes, per-process save areas
   kfdtool cwsr --json
+  kfdtool cwsr --probe --pid 1234         # could kfdtool preempt pid 1234's queues?
   kfdtool --sim mi300x cwsr
 """
 
@@ -19,6 +20,8 @@ def add_parser(sub):
     p = sub.add_parser("cwsr", aliases=["info"], help=HELP, description=HELP, epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--probe", action="store_true", help="which preemption mechanisms would work, and why not")
+    p.add_argument("--pid", type=int, help="with --probe: for this target process")
     p.set_defaults(run=run)
     return p
 
@@ -49,20 +52,44 @@ def collect(ctx):
             "scheduler": SCHED_POLICIES.get(params.get("sched_policy")), "gpus": gpus, "processes": processes}
 
 
+def run_probe(args, ctx):
+    from ..cwsr.probe import probe
+    report = probe(ctx, args.pid)
+    if args.json:
+        print_json(report)
+        return 0
+    out = console()
+    out.print(table("preemption mechanisms" + (f" for pid {args.pid}" if args.pid else ""),
+                    ["MECHANISM", "USABLE", "~WHY", "~NOTES"],
+                    [(m["mechanism"], "yes" if m["available"] else "no", m["why"], "; ".join(m["notes"]))
+                     for m in report["mechanisms"]]))
+    out.print(table("per GPU", [">GPU_ID", "TARGET", "SCHEDULER", "GRACE PERIOD", "CWSR", ">MAX SAVE/QUEUE"],
+                    group_identical([(g["gpu_id"], g["gfx_name"], g["scheduler"],
+                                      "honoured" if g["grace_period_honoured"] else "ignored",
+                                      "on" if g["cwsr"] else "off", human_bytes(g["max_save_bytes_per_queue"]))
+                                     for g in report["gpus"]])))
+    for note in report["notes"]:
+        out.print(f"note: {note}")
+    return 0
+
+
 def run(args, ctx):
+    if args.probe:
+        return run_probe(args, ctx)
+    if args.pid is not None:
+        raise ValueError("--pid needs --probe")
     info = collect(ctx)
     if args.json:
         print_json(info)
         return 0
     out = console()
     params = info["parameters"]
-    out.print(table("amdgpu parameters", ["PARAMETER", ">VALUE", "MEANING"],
+    out.print(table("amdgpu parameters", ["PARAMETER", ">VALUE", "~MEANING"],
                     [(k, "(not loaded)" if v is None else v, PARAMETERS[k]) for k, v in params.items()]))
-    rows = [(g["gpu_id"], g["node"], g["gfx_name"], g["num_xcc"], g["ctl_stack_size"], g["cwsr_size"],
-             human_bytes(g["queue_save_area_bytes"]), g["source"]) for g in info["gpus"]]
+    rows = group_identical([(g["gpu_id"], g["gfx_name"], g["num_xcc"], g["ctl_stack_size"], g["cwsr_size"],
+                             human_bytes(g["queue_save_area_bytes"]), g["source"]) for g in info["gpus"]])
     out.print(table("CWSR save area per GPU (sizes per XCC; the per-queue area covers every XCC)",
-                    [">GPU_ID", ">NODE", "TARGET", ">XCC", ">CTL_STACK", ">CWSR_SIZE", ">PER QUEUE", "SOURCE"],
-                    rows))
+                    [">GPU_ID", "TARGET", ">XCC", ">CTL_STACK", ">CWSR_SIZE", ">PER QUEUE", "SOURCE"], rows))
     if info["processes"]:
         out.print(table("CWSR save-area memory per process", [">PID", ">COMPUTE QUEUES", ">SAVE AREAS"],
                         [(p["pid"], p["compute_queues"], human_bytes(p["save_area_bytes"]))

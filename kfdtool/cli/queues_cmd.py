@@ -3,6 +3,7 @@ import argparse
 import sys
 import time
 
+from ..cwsr.holds import for_each_hold
 from ..errors import NoSuchProcess
 from ..processes import scan_processes
 from .render import console, human_bytes, print_csv, print_json, table
@@ -60,7 +61,15 @@ def run(args, ctx):
 
 
 def _scan(args, ctx):
-    return scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release)
+    scan = scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release)
+    holds = {}
+    for record in for_each_hold():
+        for qid in record["queues"]:
+            holds[(record["target_pid"], qid)] = record["holder_pid"]
+    for proc in scan.processes:
+        for q in proc.queues:
+            q.suspended_by = holds.get((proc.pid, q.qid))
+    return scan
 
 
 def _rates(scan, previous, dt):
@@ -121,8 +130,9 @@ def _print_table(scan, rates, dt):
             evicted = f"{rates[(p.pid, gpu)][1]:.0f}/s" if (p.pid, gpu) in rates else p.evicted_ms.get(gpu)
             for i, q in enumerate(queues):
                 per_gpu = i == 0
+                state = f"suspended by {q.suspended_by}" if q and q.suspended_by else ""
                 rows.append((p.pid if first else "", name if first else "", p.user if first else "",
-                             gpu if per_gpu else "", q.qid if q else "-", q.type_name if q else "",
+                             gpu if per_gpu else "", q.qid if q else "-", q.type_name if q else "", state,
                              human_bytes(q.size) if q else "", human_bytes(p.vram.get(gpu)) if per_gpu else "",
                              sdma if per_gpu else "", p.cu_occupancy.get(gpu) if per_gpu else "",
                              evicted if per_gpu else ""))
@@ -131,7 +141,7 @@ def _print_table(scan, rates, dt):
     title = f"{len(scan.processes)} KFD processes, {n_queues} queues"
     sdma_col = ">SDMA %" if dt else ">SDMA µs"
     evict_col = ">EVICTED ms/s" if dt else ">EVICTED ms"
-    out.print(table(title, [">PID", "NAME", "USER", ">GPU_ID", ">QID", "TYPE", ">RING", ">VRAM", sdma_col,
+    out.print(table(title, [">PID", "NAME", "USER", ">GPU_ID", ">QID", "TYPE", "STATE", ">RING", ">VRAM", sdma_col,
                             ">CU_OCC", evict_col], rows, caption=_footer(scan).strip() or None))
 
 

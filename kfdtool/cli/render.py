@@ -14,10 +14,11 @@ def console():
 
 
 def table(title, columns, rows, caption=None):
+    """Columns: ">NAME" right-aligned, "~NAME" may wrap (long text), else left-aligned."""
     t = Table(title=title, caption=caption, show_lines=False, header_style="bold", title_justify="left")
     for col in columns:
-        right = col.startswith(">")
-        t.add_column(col.lstrip(">"), justify="right" if right else "left", no_wrap=True)
+        t.add_column(col.lstrip(">~"), justify="right" if col.startswith(">") else "left",
+                     no_wrap=not col.startswith("~"), overflow="fold")
     for row in rows:
         t.add_row(*["" if v is None else str(v) for v in row])
     return t
@@ -45,3 +46,16 @@ def human_bytes(n):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def group_identical(rows, id_column=0):
+    """Merge rows that differ only in their id column: "24248 +31 more". Keeps first-seen order."""
+    groups = {}
+    for row in rows:
+        key = tuple(v for i, v in enumerate(row) if i != id_column)
+        groups.setdefault(key, []).append(row[id_column])
+    out = []
+    for key, ids in groups.items():
+        label = str(ids[0]) if len(ids) == 1 else f"{ids[0]} +{len(ids) - 1} more"
+        out.append(tuple(list(key[:id_column]) + [label] + list(key[id_column:])))
+    return out

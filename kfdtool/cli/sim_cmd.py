@@ -89,11 +89,11 @@ def run_status(args, ctx):
 DEFAULT_ROLES = ["llm-serve", "resnet50-train", "batch-infer", "embed-svc"]
 
 
-def spawn_workload(machine, role, gpus=1, first_gpu=0, queues=2, sdma=0, waves=512, priority=7):
+def spawn_workload(machine, role, gpus=1, first_gpu=0, queues=2, sdma=0, waves=512, priority=7, extra=()):
     """Start one simulated GPU process; returns its pid once its queues exist."""
     cmd = [sys.executable, "-m", "kfdtool.sim.workload", "--sim", machine, "--role", role, "--gpus", str(gpus),
            "--first-gpu", str(first_gpu), "--queues", str(queues), "--sdma", str(sdma), "--waves", str(waves),
-           "--priority", str(priority)]
+           "--priority", str(priority), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True, text=True)
     line = proc.stdout.readline()

@@ -163,6 +163,8 @@ class DbgTrap:
                 self.kfd.execute_queues(dev, grace_period=args.grace_period)
                 for q in wanted:
                     q.exception_status &= ~args.exception_mask
+        if total:
+            self.kfd.write_wave_state_headers(target)
         self._write_ids(args.queue_array_ptr, ids, mem)
         return total
 

@@ -60,6 +60,7 @@ class SimKfd:
                 node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
                 gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
         self.processes = {}
+        self.patched_preempt = False
         self.sysfs = ProcSysfs(self.topology_root(sysfs_root), profile)
         self.smi = SmiHub(profile)
         self.timing = TimingModel(self)
@@ -125,10 +126,12 @@ class SimKfd:
         """Returns (retcode, bytes copied back to the caller's argument). Raises Blocked."""
         nr = ioctl_opt.IOC_NR(request)
         entry = BY_NR.get(nr)
-        if entry is None or not self.abi.supports(entry.name):
-            return -errno.ENOTTY, b""
         if caller_pid != proc.pid:                 # the fd belongs to the process that opened it
             return -errno.EBADF, b""
+        if nr in (0x87, 0x88) and self.patched_preempt:
+            return self._patched_preempt(proc, nr, user_arg)
+        if entry is None or not self.abi.supports(entry.name):
+            return -errno.ENOTTY, b""
         usize = ioctl_opt.IOC_SIZE(request)
         layout = self.abi.layout(entry.struct.__name__) if entry.struct else None
         ksize = ctypes.sizeof(layout) if layout else 0
@@ -144,6 +147,40 @@ class SimKfd:
         del args                                   # release the buffer export before slicing
         out = bytes(kdata[:usize]) if "R" in entry.direction else b""   # copied back even on error
         return ret, out
+
+    def _patched_preempt(self, proc, nr, user_arg):
+        """A patched kernel's PREEMPT_QUEUE (0x87) / RESUME_QUEUE (0x88) on the caller's own queue:
+        {queue_id, preempt_type, timeout_ms, pad}. Not in any real kernel (kfd-abi.md §3)."""
+        qid = int.from_bytes(bytes(user_arg[:4]), "little")
+        q = proc.queues.get(qid)
+        if q is None:
+            return -errno.EINVAL, bytes(user_arg)
+        dev = self.devices[q.gpu_id]
+        q.sync_progress()
+        if nr == 0x87 and not q.is_suspended:
+            if q.is_active:
+                self.timing.save_waves(dev, q, grace_period=None)
+            q.is_suspended = True
+            self.execute_queues(dev)
+        elif nr == 0x88 and q.is_suspended:
+            q.is_suspended = False
+            self.execute_queues(dev)
+            if q.is_active:
+                self.timing.restore_waves(dev, q)
+        q.sync_progress()
+        return 0, bytes(user_arg)
+
+    def write_wave_state_headers(self, proc):
+        """copy_context_work_handler: after a suspend, the wave-state header of every compute
+        queue of the process is written at its CWSR area (kfd-abi.md §2b)."""
+        for q in proc.queues.values():
+            if q.is_compute and q.ctx_save_restore_address and self.devices[q.gpu_id].cwsr_enabled:
+                header = s.kfd_context_save_area_header_wave_state(
+                    q.ctl_stack_size - q.saved_ctl_stack_bytes, q.saved_ctl_stack_bytes,
+                    q.ctl_stack_size, q.saved_wave_bytes)
+                for bo in proc.bos.values():
+                    if bo.contains(q.ctx_save_restore_address):
+                        bo.contents[q.ctx_save_restore_address - bo.va] = bytes(header)
 
     def not_simulated(self, proc, args, mem, uid):
         raise SimErrno(errno.EOPNOTSUPP, "not simulated")

@@ -55,7 +55,9 @@ class SimMachine:
         return SimControl(self.socket)
 
     def open_kfd(self):
-        return SimBackend(self.socket)
+        backend = SimBackend(self.socket)
+        backend.machine = self           # lets tools read simulated process memory (CWSR headers)
+        return backend
 
 
 def machine(name):
@@ -63,7 +65,7 @@ def machine(name):
     return SimMachine(name, base_dir() / name)
 
 
-def start(name, abi="1.23", params=None, realtime=True):
+def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     """Start the simulator for `name` (no-op if it already runs). Returns the SimMachine."""
     sim = machine(name)
     find_profile(abi)
@@ -79,6 +81,8 @@ def start(name, abi="1.23", params=None, realtime=True):
     cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
     if not realtime:
         cmd.append("--no-realtime")
+    if patched_preempt:
+        cmd.append("--patched-preempt")
     log = open(sim.dir / "server.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -36,7 +36,7 @@ class Connection:
 
 
 class SimServer:
-    def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True):
+    def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sysfs_root = self.dir / "sys"
@@ -46,6 +46,7 @@ class SimServer:
         (self.dir / "machine.json").write_text(json.dumps(
             {"preset": preset, "abi": abi, "release": self.profile.release, "pid": os.getpid()}))
         self.kfd = SimKfd(self.sysfs_root, self.profile, self.params)
+        self.kfd.patched_preempt = patched_preempt
         self.kfd.timing.realtime = realtime
         self.kfd.smi.on_close = self._forget
         self.sel = selectors.DefaultSelector()
@@ -290,6 +291,16 @@ class SimServer:
                         "debugger": proc.debugger.pid if proc.debugger else None})
         return {"queues": out}
 
+    def ctl_read_memory(self, conn, msg):
+        """Stand-in for /proc/<pid>/mem on GPU-visible buffers: what the kernel wrote there."""
+        proc = self._proc(msg)
+        addr, length = int(msg["addr"]), int(msg["length"])
+        for bo in proc.bos.values():
+            if bo.contains(addr):
+                data = bo.contents.get(addr - bo.va)
+                return {"data": data[:length].hex() if data and len(data) >= length else None}
+        raise ValueError(f"{addr:#x} is not mapped in pid {proc.pid}")
+
     def ctl_evict(self, conn, msg):
         self.kfd.evict_process(self._proc(msg), int(msg.get("trigger", 2)))
         self.kfd.timing.settle()
@@ -325,6 +336,8 @@ def main(argv=None):
     parser.add_argument("--abi", default="1.23")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--no-realtime", action="store_true", help="do not sleep for modelled latencies")
+    parser.add_argument("--patched-preempt", action="store_true",
+                        help="emulate a patched kernel with the non-upstream PREEMPT_QUEUE/RESUME_QUEUE 0x87/0x88")
     args = parser.parse_args(argv)
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)    # one pidfd per simulated process
@@ -334,7 +347,8 @@ def main(argv=None):
         name, _, value = item.partition("=")
         params[name] = int(value) if value.lstrip("-").isdigit() else value
     try:
-        server = SimServer(args.dir, args.preset, args.abi, params, realtime=not args.no_realtime)
+        server = SimServer(args.dir, args.preset, args.abi, params, realtime=not args.no_realtime,
+                           patched_preempt=args.patched_preempt)
     except KeyError as e:
         print(f"kfdtool-sim: {e.args[0]}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ class TimingModel:
         self.kfd = kfd
         self.realtime = realtime
         self.pending = PreemptCost()      # cost of the request being handled, paid before replying
+        self.pending_devices = set()      # devices whose queues were unmapped by this request
         self.last = PreemptCost()
 
     # --- per-device facts -------------------------------------------------------------------------
@@ -71,6 +72,8 @@ class TimingModel:
         active = sum(1 for p in self.kfd.processes.values() for q in p.queues_on(dev.gpu_id) if q.is_active)
         cost = MES_REMOVE_ADD_S if dev.uses_mes else HWS_REMAP_BASE_S + HWS_REMAP_PER_QUEUE_S * active
         self.pending.remap_s += cost
+        if not dev.uses_mes:
+            self.pending_devices.add(dev)     # HWS: every process's queues on it stall meanwhile
         return cost
 
     def save_waves(self, dev, q, grace_period):
@@ -101,9 +104,15 @@ class TimingModel:
         pass
 
     def settle(self):
-        """Pay the accumulated cost of the request just handled (called by the server)."""
+        """Pay the accumulated cost of the request just handled (called by the server). Queues of
+        every process on a remapped HWS device make no progress meanwhile."""
         cost, self.pending = self.pending, PreemptCost()
+        devices, self.pending_devices = self.pending_devices, set()
         self.last = cost
+        stalled = [q for p in self.kfd.processes.values() for q in p.queues.values()
+                   if q.mapped_since_ns is not None and self.kfd.devices[q.gpu_id] in devices]
+        for q in stalled:
+            q.sync_progress()
         if self.realtime and cost.total_s > 0:
             deadline = time.perf_counter() + cost.total_s
             while True:
@@ -111,4 +120,8 @@ class TimingModel:
                 if left <= 0:
                     break
                 time.sleep(left if left > 2e-3 else 0)
+        now = time.monotonic_ns()
+        for q in stalled:
+            if q.mapped_since_ns is not None:
+                q.mapped_since_ns = now                # the stall is not progress
         return cost

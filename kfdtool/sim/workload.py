@@ -90,12 +90,14 @@ def main(argv=None):
     parser.add_argument("--priority", type=int, default=7)
     parser.add_argument("--waves", type=int, default=512, help="resident waves per compute queue")
     parser.add_argument("--vram-gib", type=float, default=2.0, help="VRAM to allocate per GPU")
+    parser.add_argument("--no-runtime-enable", action="store_true",
+                        help="skip RUNTIME_ENABLE (a non-ROCr process: debugger suspend is refused)")
     args = parser.parse_args(argv)
     from . import runner
     set_process_name(args.role)
     sim = runner.machine(args.sim)
     kfd = KfdDevice(sim.open_kfd())
-    rt = FakeRuntime(kfd, sim.sysfs_root)
+    rt = FakeRuntime(kfd, sim.sysfs_root, runtime_enable=not args.no_runtime_enable)
     gpus = [n.gpu_id for n in rt.topology.for_each_gpu()]
     chosen = [gpus[(args.first_gpu + i) % len(gpus)] for i in range(args.gpus)]
     for gpu in chosen:

@@ -1,0 +1,176 @@
+"""kfdtool preempt / resume: suspend a process's GPU queues (waves saved to the CWSR area) and
+resume them, never leaving them stuck."""
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+from ..cwsr.debugtrap import DebugTrapSuspend, recover
+from ..cwsr.holds import Hold
+from ..cwsr.patched import PatchedIoctlSuspend
+from ..errors import NoSuchProcess
+from ..topology import read_topology
+from .render import console, human_bytes, print_json, table
+
+PREEMPT_HELP = "suspend a process's GPU queues (CWSR wave save) and resume them"
+PREEMPT_EXAMPLES = """examples:
+  kfdtool preempt --pid 1234 --for 500ms        # suspend every queue for half a second
+  kfdtool preempt --pid 1234 --queue 0 --queue 2 --grace 100
+  kfdtool preempt --pid 1234                    # hold until Ctrl-C (or SIGTERM), then resume
+  kfdtool preempt --pid 1234 --gpu 24248 --for 2s --json
+  kfdtool --sim mi308x preempt --pid 4242 --for 1s
+
+requirements: KFD ABI >= 1.13 with HWS or MES (sched_policy != 2), a gfx9+ GPU, a target that
+enabled its runtime (every ROCr/HIP process does) and is not under another debugger (rocgdb),
+and the right to ptrace it (same user with kernel.yama.ptrace_scope=0, or root/CAP_SYS_PTRACE).
+The kernel resumes the queues if kfdtool dies, even by kill -9.
+"""
+RESUME_HELP = "resume a process's suspended GPU queues (recovery)"
+RESUME_EXAMPLES = """examples:
+  kfdtool resume --pid 1234 --all               # resume every queue, whoever suspended it
+  kfdtool resume --pid 1234 --queue 0
+"""
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0}
+
+
+def parse_duration(text):
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|m|)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 500ms, 2s, 1.5)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def add_parser(sub):
+    p = sub.add_parser("preempt", help=PREEMPT_HELP, description=PREEMPT_HELP, epilog=PREEMPT_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pid", type=int, required=True, help="target process")
+    p.add_argument("--queue", type=int, action="append", help="queue id (repeatable; default: all)")
+    p.add_argument("--gpu", type=int, action="append", help="only queues on this gpu_id (repeatable)")
+    p.add_argument("--grace", type=int, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
+    p.add_argument("--for", dest="duration", type=parse_duration, help="resume after DURATION (e.g. 500ms)")
+    p.add_argument("--mechanism", choices=["debug-trap", "patched-preempt-queue"], default="debug-trap",
+                   help="patched-preempt-queue: the non-upstream 0x87/0x88 ioctls of patched kernels (opt-in)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_preempt)
+    r = sub.add_parser("resume", help=RESUME_HELP, description=RESUME_HELP, epilog=RESUME_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--pid", type=int, required=True)
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--all", action="store_true", help="every queue of the process")
+    what.add_argument("--queue", type=int, action="append", help="queue id (repeatable)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(run=run_resume)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _select(entries, args):
+    chosen = [e for e in entries if (not args.gpu or e.gpu_id in args.gpu)]
+    ids = {e.queue_id for e in chosen}
+    if args.queue:
+        missing = sorted(set(args.queue) - {e.queue_id for e in entries})
+        if missing:
+            raise ValueError(f"pid {args.pid} has no queue {missing[0]}")
+        return [q for q in args.queue if q in ids]
+    return sorted(ids)
+
+
+def run_preempt(args, ctx):
+    if not (ctx.sysfs.proc / str(args.pid)).is_dir():
+        raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+    topo = read_topology(ctx.sysfs)
+    mes = {n.gpu_id for n in topo.for_each_gpu() if (n.gfx_target_version or 0) >= 110000}
+    old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    kfd = ctx.open_device()
+    mech = None
+    report = {"pid": args.pid, "mechanism": args.mechanism, "grace_period": args.grace}
+    try:
+        if args.mechanism == "debug-trap":
+            mech = DebugTrapSuspend(kfd, args.pid)
+            entries = mech.queues()
+            qids = _select(entries, args)
+            uses_mes = any(e.gpu_id in mes for e in entries if e.queue_id in qids)
+        else:
+            if args.pid != os.getpid():
+                raise ValueError("the patched ioctls act on the caller's own queues; they cannot target another pid")
+            mech = PatchedIoctlSuspend(kfd, "preempt-queue")
+            qids, uses_mes = list(args.queue or []), False
+        if not qids:
+            raise ValueError(f"pid {args.pid} has no queues to preempt" + (" on those GPUs" if args.gpu else ""))
+        t0 = time.perf_counter()
+        outcomes = mech.suspend(qids, args.grace, uses_mes) if args.mechanism == "debug-trap" else mech.suspend(qids)
+        report["suspend_s"] = time.perf_counter() - t0
+        report["suspend"] = [o.to_dict() for o in outcomes]
+        if uses_mes and args.grace is not None:
+            report["note"] = "the MES scheduler (gfx11+) ignores the grace period"
+        with Hold(args.pid, mech.suspended(), mech.name):
+            if not args.json:
+                _print_outcomes(f"suspended pid {args.pid} in {report['suspend_s'] * 1e3:.2f} ms", outcomes)
+            _hold(args, mech)
+            t0 = time.perf_counter()
+            resumed = mech.resume()
+            report["resume_s"] = time.perf_counter() - t0
+            report["resume"] = [o.to_dict() for o in resumed]
+            report["held_s"] = args.duration
+        if args.json:
+            print_json(report)
+        else:
+            console().print(f"resumed {sum(o.ok for o in resumed)} queues in {report['resume_s'] * 1e3:.2f} ms")
+    except _Stop as stop:
+        print(f"kfdtool: {stop}: resuming", file=sys.stderr)
+        return 128 + 2
+    finally:
+        try:
+            if mech is not None:
+                mech.close()            # resumes anything still held, then DISABLE
+        finally:
+            kfd.close()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    return 0 if all(o["outcome"] in ("suspended", "already") for o in report["suspend"]) else 1
+
+
+def _hold(args, mech):
+    if args.duration is not None:
+        time.sleep(args.duration)
+        return
+    if not args.json:
+        console().print("holding; Ctrl-C or SIGTERM resumes")
+    threading.Event().wait()         # until a signal raises _Stop
+
+
+def _print_outcomes(title, outcomes):
+    rows = [(o.qid, o.gpu_id, o.outcome, o.ctl_stack_bytes, human_bytes(o.save_area_bytes), o.detail)
+            for o in outcomes]
+    console().print(table(title, [">QID", ">GPU_ID", "OUTCOME", ">CTL STACK B", ">SAVED WAVES", "~DETAIL"], rows))
+
+
+def run_resume(args, ctx):
+    if not (ctx.sysfs.proc / str(args.pid)).is_dir():
+        raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+    kfd = ctx.open_device()
+    try:
+        t0 = time.perf_counter()
+        count, outcomes, own = recover(kfd, args.pid, None if args.all else args.queue)
+        elapsed = time.perf_counter() - t0
+    finally:
+        kfd.close()
+    report = {"pid": args.pid, "resumed": count, "resume_s": elapsed,
+              "queues": [o.to_dict() for o in outcomes] if outcomes else None,
+              "other_debugger_kept": not own}
+    if args.json:
+        print_json(report)
+    elif outcomes:
+        _print_outcomes(f"resumed pid {args.pid} in {elapsed * 1e3:.2f} ms", outcomes)
+    else:
+        print(f"resumed {count} queues of pid {args.pid} in {elapsed * 1e3:.2f} ms")
+    return 0

@@ -1,0 +1,242 @@
+"""Queue suspend/resume through the KFD debugger API (DBG_TRAP, KFD ABI >= 1.13), on the calling
+process itself or on another process (attached with PTRACE_SEIZE just for ENABLE).
+
+Semantics (kfd-abi.md §2b-§2c): SUSPEND_QUEUES preempts the whole device once under HWS (waves
+are CWSR-saved after the grace period), returns how many queues it suspended and per-queue status
+words (bit 31 invalid: unknown or still-new queue; bit 30 error). New queues carry EC_QUEUE_NEW
+and cannot be suspended until a GET_QUEUE_SNAPSHOT clears it. DISABLE resumes everything, and the
+kernel runs DISABLE for us if this process dies, kill -9 included.
+"""
+import ctypes
+import errno
+import os
+
+from ..errors import KfdIoctlError, NoSuchProcess, NotSupported, PermissionDenied
+from ..ioctls import constants as c
+from ..ioctls import structs as s
+from . import ptrace
+from .mechanisms import Availability, Mechanism, QueueOutcome
+from .memory import memory_for
+
+NEW_MASK = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
+ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
+WAVE_STATE = s.kfd_context_save_area_header_wave_state      # the 16 bytes get_wave_state writes
+MAX_GRACE = 0xFF           # CP_IQ_WAIT_TIME2.SCH_WAVE is 8 bits wide
+
+
+def check_grace_period(grace_period, uses_mes=False):
+    """The grace period in 1K-GPU-clock units that the hardware honours: 1..255 under HWS
+    (0 is forced to 1 by the driver, wider values are masked to 8 bits; a multiple of 256 would
+    mean 'infinite'). MES (gfx11+) ignores it. Returns (value to pass, note or None)."""
+    if grace_period is None:
+        return 0, None
+    if not isinstance(grace_period, int) or grace_period < 0:
+        raise ValueError(f"grace period must be an integer >= 0 (units of 1K GPU clocks), got {grace_period!r}")
+    if grace_period > MAX_GRACE:
+        raise ValueError(f"grace period {grace_period} does not fit the 8-bit SCH_WAVE field (max {MAX_GRACE}); "
+                         f"the driver would use {grace_period & 0xFF}")
+    if uses_mes:
+        return grace_period, "the MES scheduler (gfx11+) ignores the grace period"
+    return grace_period, None
+
+
+class DebugTrapSuspend(Mechanism):
+    name = "debug-trap"
+
+    def __init__(self, kfd, pid, enable=True):
+        super().__init__()
+        self.kfd, self.pid = kfd, pid
+        self.memory = memory_for(kfd, pid)
+        self.runtime_state = None
+        self._enabled = False
+        if not kfd.supports("DBG_TRAP"):
+            raise NotSupported("DBG_TRAP", errno.ENOTTY, f"KFD ABI {kfd.abi} predates the debugger API (1.13)")
+        if enable:
+            self._enable()
+
+    # --- attach ---------------------------------------------------------------------------------
+    def _enable(self):
+        info = s.kfd_runtime_info()
+        with _attached(self.pid):
+            self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=self.kfd.fd, exception_mask=0,
+                              rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
+        self._enabled = True
+        self.runtime_state = c.kfd_dbg_runtime_state(info.runtime_state)
+
+    # --- queues ---------------------------------------------------------------------------------
+    def queues(self, clear_new=True):
+        """The target's queues (newest first). Clearing EC_QUEUE_NEW makes new queues suspendable."""
+        mask = NEW_MASK if clear_new else 0
+        _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=0,
+                                    snapshot_buf_ptr=0, num_queues=0, entry_size=ENTRY)
+        count = args.queue_snapshot.num_queues
+        while True:
+            buf = (s.kfd_queue_snapshot_entry * max(1, count))()
+            _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=mask,
+                                        snapshot_buf_ptr=ctypes.addressof(buf), num_queues=count, entry_size=ENTRY)
+            if args.queue_snapshot.num_queues <= count:      # no queue appeared in between
+                return list(buf[:args.queue_snapshot.num_queues])
+            count = args.queue_snapshot.num_queues
+
+    def suspend(self, qids=None, grace_period=None, uses_mes=False):
+        grace, _ = check_grace_period(grace_period, uses_mes)
+        entries = {e.queue_id: e for e in self.queues()}
+        qids = list(entries) if qids is None else list(qids)
+        if not qids:
+            return []
+        arr = (ctypes.c_uint32 * len(qids))(*qids)
+        before = set(self._held)
+        self.kfd.dbg_trap("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
+                          queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
+        outcomes = []
+        for qid, status in zip(qids, arr):
+            entry = entries.get(qid)
+            gpu = entry.gpu_id if entry else None
+            if status & c.KFD_DBG_QUEUE_ERROR_MASK:
+                outcomes.append(QueueOutcome(qid, "error", gpu, detail="the device failed to preempt"))
+            elif status & c.KFD_DBG_QUEUE_INVALID_MASK:
+                if entry is None:
+                    outcomes.append(QueueOutcome(qid, "not-found", None, detail="no such queue in the target"))
+                else:
+                    outcomes.append(QueueOutcome(qid, "new-queue", gpu,
+                                                 detail="created since the snapshot or being destroyed"))
+            else:
+                self._held.add(qid)
+                outcome = QueueOutcome(qid, "already" if qid in before else "suspended", gpu)
+                if entry is not None and entry.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE,
+                                                              c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
+                    outcome.ctl_stack_bytes, outcome.save_area_bytes = self._wave_state(entry)
+                outcomes.append(outcome)
+        return outcomes
+
+    def _wave_state(self, entry):
+        """The header the kernel wrote at the CWSR area on suspend: bytes of control stack and
+        of saved wave state (XCC 0's, as GET_QUEUE_WAVE_STATE reports)."""
+        if not entry.ctx_save_restore_address:
+            return None, None
+        raw = self.memory.read(entry.ctx_save_restore_address, ctypes.sizeof(WAVE_STATE))
+        if raw is None:
+            return None, None
+        header = WAVE_STATE.from_buffer_copy(raw)
+        return header.control_stack_size, header.wave_state_size
+
+    def resume(self, qids=None):
+        qids = sorted(self._held) if qids is None else list(qids)
+        if not qids:
+            return []
+        arr = (ctypes.c_uint32 * len(qids))(*qids)
+        self.kfd.dbg_trap("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
+                          num_queues=len(qids))
+        outcomes = []
+        for qid, status in zip(qids, arr):
+            if status & c.KFD_DBG_QUEUE_ERROR_MASK:
+                outcomes.append(QueueOutcome(qid, "error", detail="the device failed to remap the queue"))
+            elif status & c.KFD_DBG_QUEUE_INVALID_MASK:
+                self._held.discard(qid)
+                outcomes.append(QueueOutcome(qid, "not-found", detail="the queue no longer exists"))
+            else:
+                self._held.discard(qid)
+                outcomes.append(QueueOutcome(qid, "resumed"))
+        return outcomes
+
+    def resume_all(self):
+        """RESUME_QUEUES with a NULL array: every queue of the target. Returns the count."""
+        ret, _ = self.kfd.dbg_trap("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=0, num_queues=0)
+        self._held.clear()
+        return ret
+
+    def close(self):
+        if not self._enabled:
+            return
+        try:
+            if self._held:
+                self.resume()
+        finally:
+            self._enabled = False
+            try:
+                self.kfd.dbg_trap("DISABLE", self.pid)   # resumes anything left, drops us as debugger
+            except KfdIoctlError as e:
+                if e.errno != errno.ESRCH:                # the target exited: nothing left to resume
+                    raise
+            self._held.clear()
+
+
+class _attached:
+    """PTRACE_SEIZE around ENABLE when the target is another process."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.seized = False
+
+    def __enter__(self):
+        if self.pid != os.getpid() and ptrace.tracer_of(self.pid) != os.getpid():
+            try:
+                ptrace.seize(self.pid)
+            except ptrace.PtraceError as e:
+                if e.errno == errno.ESRCH:
+                    raise NoSuchProcess(self.pid, "does not exist") from None
+                raise PermissionDenied("DBG_TRAP", errno.EPERM, f"cannot ptrace pid {self.pid}: {e.strerror}",
+                                       op="ENABLE") from None
+            self.seized = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.seized:
+            ptrace.detach(self.pid)
+
+
+def recover(kfd, pid, qids=None):
+    """`kfdtool resume --all`: resume queues of `pid` whoever suspended them. We become its ptrace
+    parent, which the kernel accepts for every DBG_TRAP op; ENABLE fails with EALREADY if a live
+    debugger holds it, and then we resume as ptrace parent and leave that debugger in place."""
+    with _attached(pid):
+        own = True
+        try:
+            kfd.dbg_trap("ENABLE", pid, "enable", dbg_fd=kfd.fd, exception_mask=0)
+        except KfdIoctlError as e:
+            if e.errno != errno.EALREADY:
+                raise
+            own = False
+        try:
+            mech = DebugTrapSuspend(kfd, pid, enable=False)
+            if qids is None:
+                count = mech.resume_all()
+                outcomes = None
+            else:
+                outcomes = mech.resume(qids)
+                count = sum(o.ok for o in outcomes)
+        finally:
+            if own:
+                kfd.dbg_trap("DISABLE", pid)
+    return count, outcomes, own
+
+
+def availability(kfd_abi_minor, sched_policy, gfx_versions, target_pid=None):
+    notes = []
+    if kfd_abi_minor is not None and kfd_abi_minor < 13:
+        return Availability("debug-trap", False, f"KFD ABI 1.{kfd_abi_minor} has no debugger API (needs 1.13)")
+    if sched_policy == 2:
+        return Availability("debug-trap", False, "amdgpu sched_policy=2 (no HWS): the kernel refuses debugger ops")
+    if gfx_versions and min(gfx_versions) < 90000:
+        return Availability("debug-trap", False, "a GPU older than gfx9 has no debugger support (ENODEV)")
+    if any(v >= 110000 for v in gfx_versions):
+        notes.append("MES GPUs (gfx11+) ignore the grace period")
+    if any(v < 110000 for v in gfx_versions):
+        notes.append("HWS: every suspend/resume unmaps and remaps all queues of the device")
+    why = "available"
+    if target_pid is not None and target_pid != os.getpid():
+        tracer = ptrace.tracer_of(target_pid)
+        if tracer and tracer != os.getpid():
+            return Availability("debug-trap", False, f"pid {target_pid} is traced by pid {tracer} (rocgdb?): "
+                                                     f"ENABLE would fail with EALREADY-like conflicts", notes)
+        if os.geteuid() != 0 and _owner(target_pid) != os.geteuid():
+            return Availability("debug-trap", False, ptrace.why_denied(target_pid), notes)
+        why = "available: attaches with PTRACE_SEIZE for ENABLE (the target must have runtime-enabled: ROCr does)"
+    return Availability("debug-trap", True, why, notes)
+
+
+def _owner(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None

@@ -1,0 +1,79 @@
+"""Who holds which queues suspended. The kernel does not publish debugger-suspended state in
+sysfs, so every `kfdtool preempt` records its hold in a small file while it lives; `kfdtool
+queues` reads them. Files of holders that died are stale (the kernel resumed those queues when the
+holder exited) and are removed on sight."""
+import json
+import os
+import time
+from pathlib import Path
+
+
+def run_dir():
+    override = os.environ.get("KFDTOOL_RUN_DIR")
+    if override:
+        return Path(override)
+    if os.geteuid() == 0 and os.path.isdir("/run"):
+        return Path("/run/kfdtool")
+    return Path(f"/tmp/kfdtool-run-{os.getuid()}")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Hold:
+    """Context manager: the record exists exactly while this process holds the queues."""
+
+    def __init__(self, target_pid, qids, mechanism):
+        self.path = run_dir() / f"{target_pid}.{os.getpid()}.json"
+        self.record = {"target_pid": target_pid, "holder_pid": os.getpid(), "queues": sorted(qids),
+                       "mechanism": mechanism, "since": time.time()}
+
+    def update(self, qids):
+        self.record["queues"] = sorted(qids)
+        self._write()
+
+    def _write(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record))
+        tmp.replace(self.path)
+
+    def __enter__(self):
+        self._write()
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def for_each_hold():
+    """Live holds: dicts with target_pid, holder_pid, queues, mechanism, since."""
+    d = run_dir()
+    if not d.is_dir():
+        return
+    for path in d.glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not _alive(record.get("holder_pid", -1)) or not _alive(record.get("target_pid", -1)):
+            path.unlink(missing_ok=True)
+            continue
+        yield record
+
+
+def suspended_by(target_pid):
+    """{qid: holder pid} for a target."""
+    out = {}
+    for record in for_each_hold():
+        if record["target_pid"] == target_pid:
+            for qid in record["queues"]:
+                out[qid] = record["holder_pid"]
+    return out

@@ -1,0 +1,77 @@
+"""PTRACE_SEIZE / detach without stopping the target: the KFD debugger API lets a process debug
+another only if it is the target's ptrace parent when it calls DBG_TRAP ENABLE (kfd_chardev.c
+:3162-3168); after ENABLE it is the registered debugger and may detach."""
+import ctypes
+import errno
+import os
+
+PTRACE_DETACH = 17
+PTRACE_SEIZE = 0x4206
+PTRACE_INTERRUPT = 0x4207
+_WALL = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ctypes.c_long
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+
+
+class PtraceError(OSError):
+    pass
+
+
+def tracer_of(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def ptrace_scope():
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None                    # no Yama LSM: classic rules (same uid or CAP_SYS_PTRACE)
+
+
+def why_denied(pid):
+    """What would be needed to attach to `pid`, in words."""
+    scope = ptrace_scope()
+    tracer = tracer_of(pid)
+    if tracer and tracer != os.getpid():
+        return f"pid {pid} is already traced by pid {tracer} (a debugger such as rocgdb?)"
+    if scope == 3:
+        return "kernel.yama.ptrace_scope=3 forbids ptrace attach for everyone"
+    if scope in (1, 2):
+        return (f"kernel.yama.ptrace_scope={scope}: attaching to a non-child needs CAP_SYS_PTRACE "
+                f"(run as root) or ptrace_scope=0")
+    return "attaching to another user's process needs root or CAP_SYS_PTRACE"
+
+
+def _call(request, pid):
+    if _libc.ptrace(request, pid, None, None) == -1:
+        err = ctypes.get_errno()
+        raise PtraceError(err, os.strerror(err))
+
+
+def seize(pid):
+    try:
+        _call(PTRACE_SEIZE, pid)
+    except PtraceError as e:
+        if e.errno == errno.ESRCH:
+            raise
+        raise PtraceError(e.errno, why_denied(pid)) from None
+
+
+def detach(pid):
+    """Stop the seized tracee briefly (PTRACE_INTERRUPT), wait for the stop, detach."""
+    try:
+        _call(PTRACE_INTERRUPT, pid)
+        os.waitpid(pid, _WALL)
+        _call(PTRACE_DETACH, pid)
+    except (PtraceError, ChildProcessError):
+        pass                            # target gone, or already detached
