@@ -1,0 +1,279 @@
+"""CWSR preemption end to end against the simulator: the library mechanisms, `kfdtool preempt` /
+`resume`, and the never-stuck guarantees (signals, --for, kill -9 of the preempting tool)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_cli
+from kfdtool import errors
+from kfdtool.cli.sim_cmd import spawn_workload
+from kfdtool.cwsr import ptrace
+from kfdtool.cwsr.debugtrap import DebugTrapSuspend, check_grace_period, recover
+from kfdtool.cwsr.patched import PatchedIoctlSuspend
+from kfdtool.cwsr.update_queue import UpdateQueueSuspend
+from kfdtool.device import KfdDevice
+from simhelpers import Client, start
+
+MACHINE = "mi300x"
+
+
+@pytest.fixture(scope="module")
+def sim(sim_dir):
+    return start(MACHINE)
+
+
+@pytest.fixture
+def victim(sim):
+    pid = spawn_workload(MACHINE, "victim", queues=3, waves=400)
+    yield pid
+    os.kill(pid, signal.SIGKILL)
+
+
+def states(sim, pid):
+    with sim.control() as ctl:
+        return {q["qid"]: q for q in ctl("queues", pid=pid)["queues"]}
+
+
+def progress(sim, pid):
+    return {qid: q["progress_ns"] for qid, q in states(sim, pid).items()}
+
+
+def test_suspend_no_progress_resume_progress_cross_process(sim, victim):
+    """The kfdtest pattern, on another process through ptrace + DBG_TRAP."""
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim) as mech:
+            assert ptrace.tracer_of(victim) == 0          # attached only for ENABLE
+            outcomes = mech.suspend(grace_period=10)
+            assert [o.outcome for o in outcomes] == ["suspended"] * 3
+            assert all(o.save_area_bytes > 0 and o.ctl_stack_bytes > 0 for o in outcomes)
+            assert not any(q["active"] for q in states(sim, victim).values())
+            p1 = progress(sim, victim)
+            time.sleep(0.1)
+            assert progress(sim, victim) == p1           # no progress while suspended
+            assert all(o.outcome == "resumed" for o in mech.resume())
+            time.sleep(0.1)
+            p2 = progress(sim, victim)
+            assert all(p2[q] > p1[q] for q in p1)         # progress again
+    finally:
+        kfd.close()
+
+
+def test_thousand_rounds_lose_nothing(sim):
+    cl = Client(sim)
+    try:
+        qids = [cl.rt.create_queue(cl.gpus[0]) for _ in range(2)]
+        rings = {q: cl.rt.queues[q]["ring_base"] for q in qids}
+        cl.ctl("set_waves", pid=os.getpid(), waves=100)
+        with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
+            for _ in range(1000):
+                assert all(o.outcome == "suspended" for o in mech.suspend(qids))
+                assert all(o.outcome == "resumed" for o in mech.resume())
+            snapshot = {e.queue_id: e for e in mech.queues()}
+        final = cl.queues()
+        assert all(final[q]["active"] and not final[q]["suspended"] for q in qids)
+        assert {q: snapshot[q].ring_base_address for q in qids} == rings        # queues intact
+        assert all(final[q]["progress_ns"] > 0 for q in qids)
+    finally:
+        cl.close()
+
+
+def test_kill_9_of_the_preempting_tool_resumes(sim, victim):
+    tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+    assert all(q["debugger"] == tool.pid for q in states(sim, victim).values())
+    tool.kill()                                      # SIGKILL: no cleanup code runs
+    tool.wait()
+    _wait_for(lambda: all(q["active"] for q in states(sim, victim).values()))
+    assert all(q["debugger"] is None for q in states(sim, victim).values())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_resume_before_exit(sim, victim, sig):
+    tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+    listing = json.loads(run_cli("--sim", MACHINE, "queues", "--json", "-p", str(victim)).stdout)
+    assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {tool.pid}
+    tool.send_signal(sig)
+    _, err = tool.communicate(timeout=10)
+    assert tool.returncode == 130 and "resuming" in err
+    assert all(q["active"] for q in states(sim, victim).values())
+    listing = json.loads(run_cli("--sim", MACHINE, "queues", "--json", "-p", str(victim)).stdout)
+    assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {None}
+
+
+def test_preempt_for_duration_json(sim, victim):
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "200ms", "--queue", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [o["outcome"] for o in report["suspend"]] == ["suspended"]
+    assert [o["outcome"] for o in report["resume"]] == ["resumed"]
+    assert report["held_s"] == pytest.approx(0.2) and report["suspend_s"] > 0 and report["resume_s"] > 0
+    assert states(sim, victim)[1]["active"]
+
+
+def test_recovery_resume_all(sim, victim):
+    """A holder that is alive: `kfdtool resume --all` resumes anyway, as ptrace parent."""
+    holder = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+        result = run_cli("--sim", MACHINE, "resume", "--pid", str(victim), "--all", "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["resumed"] == 3 and report["other_debugger_kept"] is True
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=10)
+
+
+def test_another_debugger_is_named(sim, victim):
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim):
+            result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
+            assert result.returncode == 1
+            assert "EALREADY: another debugger (e.g. rocgdb, rocr-debug-agent)" in result.stderr
+    finally:
+        kfd.close()
+
+
+def test_ptrace_conflict_is_explained(sim, victim):
+    ptrace.seize(victim)                             # we play rocgdb: the victim is traced by us
+    try:
+        other = subprocess.run([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim),
+                                "--for", "10ms"], capture_output=True, text=True, timeout=30)
+        assert other.returncode == 1 and f"already traced by pid {os.getpid()}" in other.stderr
+    finally:
+        ptrace.detach(victim)
+
+
+def test_runtime_not_enabled_is_explained(sim):
+    pid = spawn_workload(MACHINE, "no-rocr", queues=1, extra=["--no-runtime-enable"])
+    try:
+        result = run_cli("--sim", MACHINE, "preempt", "--pid", str(pid), "--for", "10ms")
+        assert result.returncode == 1
+        assert "failed with EPERM: target not runtime-enabled (no ROCr runtime)" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_no_hws_is_explained(sim_dir):
+    start("mi210", "1.23", sched_policy=2)
+    pid = spawn_workload("mi210", "victim", queues=1)
+    try:
+        result = run_cli("--sim", "mi210", "preempt", "--pid", str(pid), "--for", "10ms")
+        assert result.returncode == 1 and "sched_policy=2" in result.stderr
+        probe = json.loads(run_cli("--sim", "mi210", "cwsr", "--probe", "--pid", str(pid), "--json").stdout)
+        debug = next(m for m in probe["mechanisms"] if m["mechanism"] == "debug-trap")
+        assert not debug["available"] and "sched_policy=2" in debug["why"]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["preempt", "--pid", "999999", "--for", "1s"], "pid 999999 is not a KFD process"),
+    (["preempt", "--pid", "{victim}", "--grace", "256", "--for", "1s"], "does not fit the 8-bit SCH_WAVE field"),
+    (["preempt", "--pid", "{victim}", "--queue", "42", "--for", "1s"], "has no queue 42"),
+    (["preempt", "--pid", "{victim}", "--gpu", "1", "--for", "1s"], "has no queues to preempt on those GPUs"),
+    (["resume", "--pid", "999999", "--all"], "pid 999999 is not a KFD process"),
+])
+def test_preempt_bad_input(sim, victim, args, needle):
+    result = run_cli("--sim", MACHINE, *[a.format(victim=victim) for a in args])
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("kfdtool: ") and needle in result.stderr and "Traceback" not in result.stderr
+    assert all(q["active"] for q in states(sim, victim).values())     # nothing left half-done
+
+
+def test_bad_duration_is_a_usage_error(sim):
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", "1", "--for", "soon")
+    assert result.returncode == 2 and "not a duration" in result.stderr
+
+
+def test_probe_reports_every_mechanism(sim, victim):
+    probe = json.loads(run_cli("--sim", MACHINE, "cwsr", "--probe", "--pid", str(victim), "--json").stdout)
+    by_name = {m["mechanism"]: m for m in probe["mechanisms"]}
+    assert by_name["debug-trap"]["available"]
+    assert not by_name["update-queue"]["available"] and "per process" in by_name["update-queue"]["why"]
+    assert not by_name["patched-preempt-queue"]["available"]
+    assert "no such ioctl" in by_name["patched-preempt-queue"]["why"]
+    assert probe["kfd_abi"] == "1.23" and probe["gpus"][0]["scheduler"] == "HWS"
+
+
+def test_update_queue_mechanism_on_own_queues(sim):
+    cl = Client(sim)
+    try:
+        qid = cl.rt.create_queue(cl.gpus[1])
+        cl.ctl("set_waves", pid=os.getpid(), qid=qid, waves=300)
+        mech = UpdateQueueSuspend.from_snapshot(cl.kfd)
+        assert mech.queues[qid].ring_base == cl.rt.queues[qid]["ring_base"]     # resupplied from the snapshot
+        with mech:
+            (outcome,) = mech.suspend([qid])
+            assert outcome.outcome == "suspended" and outcome.save_area_bytes > 0
+            assert not cl.queues()[qid]["active"] and cl.queues()[qid]["percent"] == 0
+        assert cl.queues()[qid]["active"] and cl.queues()[qid]["percent"] == 100     # close() resumed
+    finally:
+        cl.close()
+
+
+def test_patched_ioctls_are_opt_in_and_probed(sim, sim_dir):
+    cl = Client(sim)
+    try:
+        with pytest.raises(errors.NotSupported, match="no such ioctl"):
+            PatchedIoctlSuspend(cl.kfd)
+    finally:
+        cl.close()
+    from kfdtool.sim import runner
+    patched = runner.start("composite", "1.23", realtime=False, patched_preempt=True)
+    cl = Client(patched)
+    try:
+        qid = cl.rt.create_queue(cl.gpus[3])
+        with PatchedIoctlSuspend(cl.kfd) as mech:
+            assert [o.outcome for o in mech.suspend([qid])] == ["suspended"]
+            assert not cl.queues()[qid]["active"]
+        assert cl.queues()[qid]["active"]
+    finally:
+        cl.close()
+        runner.stop("composite")
+
+
+def test_grace_period_rules():
+    assert check_grace_period(None) == (0, None)
+    assert check_grace_period(255) == (255, None)
+    assert "ignores" in check_grace_period(10, uses_mes=True)[1]
+    with pytest.raises(ValueError, match="8-bit"):
+        check_grace_period(256)
+    with pytest.raises(ValueError):
+        check_grace_period(-1)
+
+
+def test_recover_library_call(sim, victim):
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        mech = DebugTrapSuspend(kfd, victim)
+        mech.suspend()
+        count, outcomes, own = recover(kfd, victim, [0, 2])
+        assert count == 2 and not own and [o.outcome for o in outcomes] == ["resumed", "resumed"]
+        assert {qid: q["active"] for qid, q in states(sim, victim).items()} == {0: True, 1: False, 2: True}
+        mech.close()
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        kfd.close()
+
+
+def _wait_for(predicate, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
