@@ -168,7 +168,9 @@ def test_runtime_not_enabled_is_explained(sim):
 
 
 def test_no_hws_is_explained(sim_dir):
-    start("mi210", "1.23", sched_policy=2)
+    machine = start("mi210", "1.23")
+    with machine.control() as ctl:
+        ctl("set_param", name="sched_policy", value=2)
     pid = spawn_workload("mi210", "victim", queues=1)
     try:
         result = run_cli("--sim", "mi210", "preempt", "--pid", str(pid), "--for", "10ms")
@@ -178,6 +180,8 @@ def test_no_hws_is_explained(sim_dir):
         assert not debug["available"] and "sched_policy=2" in debug["why"]
     finally:
         os.kill(pid, signal.SIGKILL)
+        with machine.control() as ctl:
+            ctl("set_param", name="sched_policy", value=0)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -233,7 +237,8 @@ def test_patched_ioctls_are_opt_in_and_probed(sim, sim_dir):
     finally:
         cl.close()
     from kfdtool.sim import runner
-    patched = runner.start("composite", "1.23", realtime=False, patched_preempt=True)
+    runner.stop("mi300x-cpx")
+    patched = runner.start("mi300x-cpx", "1.17", realtime=False, patched_preempt=True)
     cl = Client(patched)
     try:
         qid = cl.rt.create_queue(cl.gpus[3])
@@ -243,7 +248,7 @@ def test_patched_ioctls_are_opt_in_and_probed(sim, sim_dir):
         assert cl.queues()[qid]["active"]
     finally:
         cl.close()
-        runner.stop("composite")
+        runner.stop("mi300x-cpx")
 
 
 def test_grace_period_rules():

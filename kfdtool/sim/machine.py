@@ -93,7 +93,9 @@ def materialize(preset_name, sysfs_root, profile, parameters=None):
     if topo.exists():
         shutil.rmtree(topo)
     topo.mkdir(parents=True)
-    (root / "class" / "kfd" / "kfd" / "proc").mkdir(exist_ok=True)
+    proc = root / "class" / "kfd" / "kfd" / "proc"
+    shutil.rmtree(proc, ignore_errors=True)           # a fresh boot: no KFD processes yet
+    proc.mkdir()
     if preset.derived:
         _build_mi300x_spx(topo)
     else:

@@ -2,7 +2,6 @@
 /tmp/kfdtool-sim-<uid>/<name>): the sysfs tree under sys/, the socket kfd.sock, a log."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -113,10 +112,7 @@ def static_tree(name, abi="1.23"):
     sim = machine(name)
     if not sim.is_running():
         profile = find_profile(abi)
-        materialize(name, sim.sysfs_root, profile)
-        proc_dir = sim.sysfs_root / "class" / "kfd" / "kfd" / "proc"
-        for entry in proc_dir.iterdir():          # a dead simulator's processes are gone
-            shutil.rmtree(entry, ignore_errors=True)
+        materialize(name, sim.sysfs_root, profile)     # a dead simulator's processes are gone
         info = sim.info
         info.update({"preset": name, "abi": abi, "release": profile.release})
         (sim.dir / "machine.json").write_text(json.dumps(info))

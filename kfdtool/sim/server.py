@@ -81,7 +81,7 @@ class SimServer:
                     self.kfd.smi.on_readable(obj)
             self._retry_blocked()
             self._register_smi()
-        for path in (self.socket_path, self.dir / "ready"):
+        for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
             path.unlink(missing_ok=True)
 
     def _accept(self, listener):
