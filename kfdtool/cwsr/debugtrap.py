@@ -43,9 +43,11 @@ def check_grace_period(grace_period, uses_mes=False):
 class DebugTrapSuspend(Mechanism):
     name = "debug-trap"
 
-    def __init__(self, kfd, pid, enable=True):
+    def __init__(self, kfd, pid, enable=True, read_wave_state=True):
         super().__init__()
         self.kfd, self.pid = kfd, pid
+        self.read_wave_state = read_wave_state
+        self._entries = {}                 # last snapshot: qid -> kfd_queue_snapshot_entry
         self.memory = memory_for(kfd, pid)
         self.runtime_state = None
         self._enabled = False
@@ -75,19 +77,29 @@ class DebugTrapSuspend(Mechanism):
             _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=mask,
                                         snapshot_buf_ptr=ctypes.addressof(buf), num_queues=count, entry_size=ENTRY)
             if args.queue_snapshot.num_queues <= count:      # no queue appeared in between
-                return list(buf[:args.queue_snapshot.num_queues])
+                entries = list(buf[:args.queue_snapshot.num_queues])
+                self._entries = {e.queue_id: e for e in entries}
+                return entries
             count = args.queue_snapshot.num_queues
 
     def suspend(self, qids=None, grace_period=None, uses_mes=False):
+        """One SUSPEND_QUEUES ioctl on the hot path. The snapshot (which also clears EC_QUEUE_NEW)
+        is refreshed only when a queue is unknown to it, or the kernel calls one still new."""
         grace, _ = check_grace_period(grace_period, uses_mes)
-        entries = {e.queue_id: e for e in self.queues()}
+        if qids is None or not self._entries or any(q not in self._entries for q in qids):
+            self.queues()
+        entries = self._entries
         qids = list(entries) if qids is None else list(qids)
         if not qids:
             return []
-        arr = (ctypes.c_uint32 * len(qids))(*qids)
         before = set(self._held)
-        self.kfd.dbg_trap("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
-                          queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
+        arr = self._suspend_ioctl(qids, grace)
+        if any(st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries for q, st in zip(qids, arr)):
+            self.queues()                     # clear EC_QUEUE_NEW on queues created since, retry
+            entries = self._entries
+            retry = [q for q, st in zip(qids, arr) if st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries]
+            for q, st in zip(retry, self._suspend_ioctl(retry, grace)):
+                arr[qids.index(q)] = st
         outcomes = []
         for qid, status in zip(qids, arr):
             entry = entries.get(qid)
@@ -103,11 +115,17 @@ class DebugTrapSuspend(Mechanism):
             else:
                 self._held.add(qid)
                 outcome = QueueOutcome(qid, "already" if qid in before else "suspended", gpu)
-                if entry is not None and entry.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE,
-                                                              c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
+                if self.read_wave_state and entry is not None and entry.queue_type in (
+                        c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
                     outcome.ctl_stack_bytes, outcome.save_area_bytes = self._wave_state(entry)
                 outcomes.append(outcome)
         return outcomes
+
+    def _suspend_ioctl(self, qids, grace):
+        arr = (ctypes.c_uint32 * len(qids))(*qids)
+        self.kfd.dbg_trap("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
+                          queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
+        return arr
 
     def _wave_state(self, entry):
         """The header the kernel wrote at the CWSR area on suspend: bytes of control stack and

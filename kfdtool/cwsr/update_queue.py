@@ -28,10 +28,11 @@ class OwnQueue:
 class UpdateQueueSuspend(Mechanism):
     name = "update-queue"
 
-    def __init__(self, kfd, queues):
+    def __init__(self, kfd, queues, read_wave_state=True):
         super().__init__()
         self.kfd = kfd
         self.queues = {q.qid: q for q in queues}
+        self.read_wave_state = read_wave_state
 
     @classmethod
     def from_snapshot(cls, kfd):
@@ -64,7 +65,7 @@ class UpdateQueueSuspend(Mechanism):
                 continue
             outcome = QueueOutcome(qid, "already" if qid in self._held else "suspended")
             self._held.add(qid)
-            if q.compute:
+            if q.compute and self.read_wave_state:
                 outcome.ctl_stack_bytes, outcome.save_area_bytes = self._wave_state(q)
             outcomes.append(outcome)
         return outcomes
