@@ -1,0 +1,186 @@
+"""xsched_lv3 core on the sim backend: exactly-once in-order execution under any suspend/resume
+sequence, the policies' decisions, the local scheduler, levels."""
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xsched_lv3 import (BandwidthPartition, HighestPriorityFirst, KEarliestDeadlineFirst, Laxity, Level,
+                        LevelUnsupported, LocalScheduler, QueueState, XQueue, make_policy)
+from xsched_lv3.backends.sim import SimHwQueue
+from xsched_lv3.policy import check_hint
+from xsched_lv3.window import ProgressiveWindow
+
+ops = st.lists(st.one_of(st.tuples(st.just("submit"), st.integers(1, 5)), st.just(("suspend", 0)),
+                         st.just(("resume", 0)), st.tuples(st.just("sleep"), st.integers(0, 2))), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops, st.sampled_from([Level.BLOCK, Level.DEACTIVATE, Level.INTERRUPT]))
+def test_every_command_runs_exactly_once_in_order(program, level):
+    hwq = SimHwQueue(level, time_scale=0.2)
+    xq = XQueue(hwq, level=level, window_us=40)
+    submitted = []
+    for op, arg in program:
+        if op == "submit":
+            for _ in range(arg):
+                payload = (len(submitted), 10)       # (id, 10 µs of GPU work)
+                submitted.append(payload)
+                xq.submit(payload)
+        elif op == "suspend":
+            xq.suspend()
+        elif op == "resume":
+            xq.resume()
+        else:
+            time.sleep(arg / 1000)
+    xq.resume()
+    assert xq.wait_all(timeout=10)
+    xq.close()
+    assert hwq.executed == submitted
+
+
+def test_lv1_suspend_stops_new_launches_and_drains_one_window():
+    hwq = SimHwQueue(Level.BLOCK)
+    xq = XQueue(hwq, window_us=3000)
+    for i in range(50):
+        xq.submit((i, 1000))                          # 1 ms commands
+    time.sleep(0.01)
+    t = time.perf_counter()
+    xq.suspend(sync=True)
+    drained = time.perf_counter() - t
+    frozen = len(hwq.executed)
+    time.sleep(0.02)
+    assert len(hwq.executed) == frozen < 50            # nothing new runs while suspended
+    assert drained < 0.012                            # at most ~one window (3 ms) + one command, with slack
+    xq.resume()
+    assert xq.wait_all(timeout=10) and len(hwq.executed) == 50
+    xq.close()
+
+
+def test_lv3_interrupt_is_immediate():
+    hwq = SimHwQueue(Level.INTERRUPT)
+    xq = XQueue(hwq, window_us=20000)
+    for i in range(10):
+        xq.submit((i, 5000))
+    time.sleep(0.01)
+    xq.suspend()
+    time.sleep(0.002)
+    assert hwq.idle()                                 # the device stopped mid-command
+    before = list(hwq.executed)
+    time.sleep(0.02)
+    assert hwq.executed == before
+    xq.resume()
+    assert xq.wait_all(timeout=10) and [p[0] for p in hwq.executed] == list(range(10))
+    xq.close()
+
+
+def test_levels_are_checked():
+    with pytest.raises(LevelUnsupported, match="up to Lv1"):
+        XQueue(SimHwQueue(Level.BLOCK), level=Level.INTERRUPT)
+    assert XQueue(SimHwQueue(Level.INTERRUPT)).level == Level.INTERRUPT
+
+
+def test_window_learns_command_length():
+    w = ProgressiveWindow(window_us=1000, initial_cmd_us=10)
+    t = 0.0
+    for _ in range(50):
+        while not w.after_launch():
+            pass
+        w.recorded(object(), t)
+        t += w.since_sync_n or 0
+        done_at = t + 0.002                            # each batch took 2 ms
+        w.completed(done_at, done_at - 0.002)
+        t = done_at
+    assert w.cmd_us > 50                              # adapted up from 10 µs
+
+
+def q(id, ready=True, **hints):
+    return QueueState(id, 0, ready, 0.0, hints)
+
+
+def test_hpf():
+    d = HighestPriorityFirst().decide([q("hp", priority=2), q("lp", priority=1), q("idle", False, priority=0)], 0)
+    assert d.run == {"hp"}
+    d = HighestPriorityFirst().decide([q("hp", False, priority=2), q("lp", priority=1)], 0)
+    assert d.run == {"hp", "lp"}                      # idle high priority does not block
+
+
+def test_bandwidth_partition_shares_time():
+    policy = BandwidthPartition(timeslice_us=10000)
+    queues = [q("a", utilization=75), q("b", utilization=25)]
+    runs = [next(iter(policy.decide(queues, t / 1000).run)) for t in range(0, 1000)]
+    assert runs.count("a") == pytest.approx(750, abs=20)
+
+
+def test_kedf_and_laxity():
+    d = KEarliestDeadlineFirst(k=1).decide([QueueState("a", 0, True, 0.0, {"deadline_us": 500}),
+                                            QueueState("b", 0, True, 0.0, {"deadline_us": 100})], 0.0)
+    assert d.run == {"b"}
+    lax = Laxity()
+    queues = [QueueState("batch", 0, True, 0.0, {"priority": 1, "laxity_us": 1000, "critical_priority": 10}),
+              QueueState("rt", 0, True, 0.0, {"priority": 5})]
+    assert lax.decide(queues, 0.0005).run == {"rt"} and lax.decide(queues, 0.0005).wake_at == pytest.approx(0.001)
+    assert lax.decide(queues, 0.002).run == {"batch"}
+
+
+def test_bad_hints_and_policies():
+    with pytest.raises(ValueError, match="unknown hint"):
+        check_hint("colour", 1)
+    with pytest.raises(ValueError, match="wants a number"):
+        check_hint("priority", "high")
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        check_hint("utilization", 150)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("fifo")
+
+
+def test_local_scheduler_preempts_low_priority():
+    sched = LocalScheduler("hpf")
+    lp_hw, hp_hw = SimHwQueue(Level.INTERRUPT), SimHwQueue(Level.INTERRUPT)
+    lp = sched.add(XQueue(lp_hw, window_us=2000, name="lp"))
+    hp = sched.add(XQueue(hp_hw, window_us=2000, name="hp"))
+    sched.hint(lp, "priority", 0)
+    sched.hint(hp, "priority", 10)
+    for i in range(200):
+        lp.submit((i, 500))
+    time.sleep(0.02)
+    hp.submit(("hp", 2000))
+    deadline = time.monotonic() + 2
+    while not lp.suspended and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lp.suspended
+    assert hp.wait_all(timeout=5)
+    deadline = time.monotonic() + 2
+    while lp.suspended and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not lp.suspended                            # resumed once the high-priority queue is idle
+    sched.close()
+    assert lp.wait_all(timeout=20) and len(lp_hw.executed) == 200
+    for x in (lp, hp):
+        x.close()
+
+
+def test_concurrent_submitters_keep_per_queue_order():
+    hwq = SimHwQueue(Level.INTERRUPT, time_scale=0)
+    xq = XQueue(hwq, window_us=50)
+    lock = threading.Lock()
+    order = []
+
+    def producer(tag):
+        for i in range(200):
+            with lock:                     # one submission order, observed
+                order.append((tag, i))
+                xq.submit((tag, i))
+    threads = [threading.Thread(target=producer, args=(t,)) for t in "abc"]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        xq.suspend()
+        xq.resume()
+    for t in threads:
+        t.join()
+    assert xq.wait_all(timeout=10)
+    xq.close()
+    assert hwq.executed == order

@@ -1,0 +1,31 @@
+"""HwQueue over a PyTorch stream (CUDA on NVIDIA, HIP on ROCm): Lv1. Commands are callables that
+launch GPU work; sync points are events."""
+from ..levels import HwQueue, Level
+
+
+class TorchHwQueue(HwQueue):
+    max_level = Level.BLOCK
+    why = "PyTorch streams cannot stop launched kernels: Lv1 (progressive launching)"
+
+    def __init__(self, stream=None, device=None, priority=0):
+        import torch
+        self.torch = torch
+        self.stream = stream or torch.cuda.Stream(device=device, priority=priority)
+
+    def launch(self, fn):
+        with self.torch.cuda.stream(self.stream):
+            fn()
+
+    def record_sync_point(self):
+        event = self.torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def wait_sync_point(self, handle):
+        handle.synchronize()
+
+    def sync_point_done(self, handle):
+        return handle.query()
+
+    def synchronize(self):
+        self.stream.synchronize()

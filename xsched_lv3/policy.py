@@ -1,0 +1,140 @@
+"""The policy API: what scheduling policies import.
+
+A policy sees the state of every queue it schedules and answers which may run now, and when it
+wants to be asked again (a timer). The same policies drive in-process XQueues (LocalScheduler),
+the multi-process daemon, and the PyTorch gates, which evaluate them on a shared board.
+
+    class MyPolicy(Policy):
+        def decide(self, queues, now):
+            return Decision(run={q.id for q in queues if q.hints.get("priority", 0) >= 0})
+"""
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass
+class QueueState:
+    id: object
+    device: object = 0
+    ready: bool = False                   # has work (buffered, in flight, or a request in progress)
+    ready_since: float | None = None      # when it became ready (deadlines count from here)
+    hints: dict = field(default_factory=dict)   # priority, utilization, deadline_us, laxity_us, ...
+
+
+@dataclass
+class Decision:
+    run: set
+    wake_at: float | None = None          # call decide() again at this monotonic time
+
+
+class Policy(ABC):
+    name = "abstract"
+
+    @abstractmethod
+    def decide(self, queues, now):
+        """queues: [QueueState]; returns a Decision. Queues not in `run` are suspended."""
+
+
+class HighestPriorityFirst(Policy):
+    """Per device: run the ready queues of the highest ready priority, and every idle queue (an idle
+    queue has nothing to hold back, and must not lose its first command to a suspend)."""
+    name = "hpf"
+
+    def decide(self, queues, now):
+        top = {}
+        for q in queues:
+            if q.ready:
+                top[q.device] = max(top.get(q.device, -math.inf), q.hints.get("priority", 0))
+        return Decision({q.id for q in queues if q.hints.get("priority", 0) >= top.get(q.device, -math.inf)})
+
+
+class BandwidthPartition(Policy):
+    """Round-robin time slices proportional to each ready queue's `utilization` hint (XSched's UP);
+    queues without a share never run while others are ready."""
+    name = "bandwidth"
+
+    def __init__(self, timeslice_us=5000):
+        self.timeslice_us = timeslice_us
+
+    def decide(self, queues, now):
+        shares = [(q, q.hints.get("utilization", 0)) for q in queues if q.ready and q.hints.get("utilization", 0) > 0]
+        if not shares:
+            return Decision({q.id for q in queues})
+        total = sum(u for _, u in shares)
+        period = self.timeslice_us / 1e6
+        t = now % period
+        start = 0.0
+        for q, u in sorted(shares, key=lambda x: str(x[0].id)):
+            span = period * u / total
+            if start <= t < start + span:
+                idle = {x.id for x in queues if not x.ready}
+                return Decision({q.id} | idle, wake_at=now - t + start + span)
+            start += span
+        return Decision({shares[-1][0].id}, wake_at=now - t + period)
+
+
+class KEarliestDeadlineFirst(Policy):
+    """Run the K ready queues whose deadline (ready_since + deadline_us hint) comes first."""
+    name = "kedf"
+
+    def __init__(self, k=1):
+        self.k = k
+
+    def decide(self, queues, now):
+        def deadline(q):
+            d = q.hints.get("deadline_us")
+            return (q.ready_since or now) + d / 1e6 if d is not None else math.inf
+        ready = sorted((q for q in queues if q.ready), key=deadline)
+        return Decision({q.id for q in ready[:self.k]} | {q.id for q in queues if not q.ready})
+
+
+class Laxity(Policy):
+    """XSched's LAX: a queue runs at `priority` until its laxity (ready_since + laxity_us) expires,
+    then at `critical_priority`; highest effective priority wins, per device."""
+    name = "laxity"
+
+    def decide(self, queues, now):
+        effective, wake = [], None
+        for q in queues:
+            prio = q.hints.get("priority", 0)
+            lax = q.hints.get("laxity_us")
+            if lax is not None and q.ready and q.ready_since is not None:
+                expiry = q.ready_since + lax / 1e6
+                if now >= expiry:
+                    prio = q.hints.get("critical_priority", prio + 100)
+                else:
+                    wake = expiry if wake is None else min(wake, expiry)
+            effective.append(QueueState(q.id, q.device, q.ready, q.ready_since, {"priority": prio}))
+        return Decision(HighestPriorityFirst().decide(effective, now).run, wake_at=wake)
+
+
+POLICIES = {p.name: p for p in (HighestPriorityFirst, BandwidthPartition, KEarliestDeadlineFirst, Laxity)}
+
+
+def make_policy(name, **kwargs):
+    try:
+        return POLICIES[name](**kwargs)
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+
+
+HINTS = {"priority": int, "utilization": float, "deadline_us": float, "laxity_us": float,
+         "critical_priority": int}
+
+
+def check_hint(name, value):
+    """A hint as its proper type, or ValueError with a one-line reason."""
+    if name not in HINTS:
+        raise ValueError(f"unknown hint {name!r}; choose one of {', '.join(HINTS)}")
+    try:
+        value = HINTS[name](value)
+    except (TypeError, ValueError):
+        raise ValueError(f"hint {name} wants a number, got {value!r}") from None
+    if name == "utilization" and not 0 <= value <= 100:
+        raise ValueError("utilization is a share between 0 and 100")
+    if name in ("deadline_us", "laxity_us") and value < 0:
+        raise ValueError(f"{name} must be >= 0")
+    if name == "priority" and not -1000 <= value <= 1000:
+        raise ValueError("priority must be between -1000 and 1000")
+    return value

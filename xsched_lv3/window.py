@@ -1,0 +1,68 @@
+"""Progressive launching with a window sized by estimated GPU time.
+
+XSched bounds in-flight work by command *count* (threshold 16, batch 8), so a preemption waits for
+up to `threshold` commands of unknown length (~8T in its paper). Here the window is GPU *time*: a
+sync point is placed every `sync_every_us` of estimated work and no more than `window_us` is ever
+in flight. The per-command estimate is learned from the spacing of completed sync points, so the
+window adapts to kernels of any length without a per-kernel profile.
+"""
+from collections import deque
+
+
+class ProgressiveWindow:
+    def __init__(self, window_us=1000.0, sync_fraction=0.5, initial_cmd_us=50.0, min_commands=2,
+                 calibration_commands=4):
+        self.window_us = float(window_us)
+        self.sync_every_us = self.window_us * sync_fraction
+        self.cmd_us = float(initial_cmd_us)      # EMA of GPU time per command
+        self.min_commands = min_commands
+        # until one sync point has completed, the estimate is a guess: bound by count instead
+        self.calibration_commands = calibration_commands
+        self.calibrated = False
+        self.pending = deque()                   # (handle, est_us, n_commands, t_recorded)
+        self.since_sync_us = 0.0
+        self.since_sync_n = 0
+
+    @property
+    def in_flight_us(self):
+        return sum(p[1] for p in self.pending) + self.since_sync_us
+
+    @property
+    def in_flight_commands(self):
+        return sum(p[2] for p in self.pending) + self.since_sync_n
+
+    def after_launch(self, est_us=None):
+        """Account a launched command; True when a sync point should be recorded now."""
+        self.since_sync_us += self.cmd_us if est_us is None else est_us
+        self.since_sync_n += 1
+        if not self.calibrated:
+            return self.since_sync_n >= self.min_commands
+        return self.since_sync_us >= self.sync_every_us and self.since_sync_n >= self.min_commands
+
+    def recorded(self, handle, now):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n, now))
+        self.since_sync_us, self.since_sync_n = 0.0, 0
+
+    def must_wait(self):
+        """The oldest sync point to wait on before launching more, or None."""
+        if not self.pending:
+            return None
+        if self.in_flight_us > self.window_us:
+            return self.pending[0][0]
+        if not self.calibrated and self.in_flight_commands >= self.calibration_commands:
+            return self.pending[0][0]
+        return None
+
+    def completed(self, now, previous_done_at):
+        """The oldest sync point completed at `now`; learn the per-command GPU time from it."""
+        handle, est, n, t_rec = self.pending.popleft()
+        start = t_rec if previous_done_at is None else max(previous_done_at, t_rec)
+        if n and now > start:
+            measured = (now - start) * 1e6 / n
+            self.cmd_us = measured if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured
+            self.calibrated = True
+        return handle
+
+    def clear(self):
+        self.pending.clear()
+        self.since_sync_us, self.since_sync_n = 0.0, 0

@@ -1,0 +1,187 @@
+"""XQueue: a schedulable queue of commands over one HwQueue.
+
+Submitting never blocks. A launch worker moves commands to the hardware queue in submission order
+under the progressive window, and stops at once when the queue is suspended. Suspend at Lv1 lets
+in-flight work drain (at most one window); at Lv3 it also interrupts the hardware queue, whose
+in-flight commands are saved and finish after restore. No command is ever launched twice or
+skipped, whatever the sequence of suspends and resumes.
+"""
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .levels import Level, pick_level
+from .window import ProgressiveWindow
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Command:
+    fn: object                    # what the HwQueue runs (backend-specific payload)
+    est_us: float | None = None   # estimated GPU time, if the caller knows it
+    seq: int = 0
+    launched: threading.Event = field(default_factory=threading.Event)   # handed to the HwQueue
+
+
+class XQueue:
+    def __init__(self, hwq, priority=0, level=None, window_us=1000.0, name=None, on_state=None):
+        self.hwq = hwq
+        self.level, self.level_reason = pick_level(hwq, level)
+        self.id = next(_ids)
+        self.name = name or f"xq{self.id}"
+        self.hints = {"priority": priority}
+        self.window = ProgressiveWindow(window_us)
+        self._buf = deque()
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._suspended = False
+        self._interrupted = False
+        self._closed = False
+        self._launched = 0
+        self._last_done_at = None
+        self.on_state = on_state              # callback(xqueue) when ready/idle changes
+        self.ready_since = None
+        self._busy = False                    # launched work not yet known complete
+        self._idle_q = deque()
+        self._idle_cv = threading.Condition()
+        threading.Thread(target=self._watch_idle, name=f"xsched-{self.name}-idle", daemon=True).start()
+        self._worker = threading.Thread(target=self._run, name=f"xsched-{self.name}", daemon=True)
+        self._worker.start()
+
+    # --- submission -----------------------------------------------------------------------------
+    def submit(self, fn, est_us=None):
+        cmd = Command(fn, est_us, next(self._seq))
+        with self._cv:
+            if self._closed:
+                raise RuntimeError(f"{self.name} is closed")
+            was_idle = not self._buf and not self.window.pending
+            self._buf.append(cmd)
+            if was_idle and self.ready_since is None:
+                self.ready_since = time.monotonic()
+            self._cv.notify_all()
+        if was_idle and self.on_state:
+            self.on_state(self)
+        return cmd
+
+    @property
+    def ready(self):
+        """Has buffered commands or launched work not yet seen to complete."""
+        return bool(self._buf) or self._busy
+
+    @property
+    def suspended(self):
+        return self._suspended
+
+    # --- suspend / resume -------------------------------------------------------------------------
+    def suspend(self, sync=False):
+        """Stop launching. Lv3 also interrupts the hardware queue (waves saved). With sync=True
+        (Lv1/Lv2) return only when in-flight work has drained: the preemption latency."""
+        with self._cv:
+            if self._suspended:
+                return
+            self._suspended = True
+        if self.level >= Level.INTERRUPT:
+            self.hwq.interrupt()
+            self._interrupted = True
+        elif self.level >= Level.DEACTIVATE:
+            self.hwq.deactivate()
+        if sync and self.level < Level.INTERRUPT:
+            self.drain()
+
+    def resume(self):
+        with self._cv:
+            if not self._suspended:
+                return
+            if self._interrupted:
+                self.hwq.restore()
+                self._interrupted = False
+            elif self.level == Level.DEACTIVATE:
+                self.hwq.reactivate()
+            self._suspended = False
+            self._cv.notify_all()
+
+    def drain(self):
+        """Wait for everything already launched (not the buffered commands)."""
+        self.hwq.synchronize()
+        with self._cv:
+            while self.window.pending:
+                handle = self.window.completed(time.monotonic(), self._last_done_at)
+                self._last_done_at = time.monotonic()
+                del handle
+            self.window.since_sync_us = self.window.since_sync_n = 0
+
+    def wait_all(self, timeout=None):
+        """Wait until every submitted command has completed (it must be resumed to get there)."""
+        with self._cv:
+            last = self._buf[-1] if self._buf else None
+        if last is not None and not last.launched.wait(timeout):
+            return False
+        self.hwq.synchronize()
+        return True
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._worker.join()
+        if self._suspended:
+            self.resume()
+
+    # --- the launch worker --------------------------------------------------------------------------
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._closed and (self._suspended or not self._buf):
+                    self._cv.wait()
+                if self._closed and (not self._buf or self._suspended):
+                    return
+                handle = self.window.must_wait()
+            if handle is not None:
+                self.hwq.wait_sync_point(handle)
+                now = time.monotonic()
+                with self._cv:
+                    self.window.completed(now, self._last_done_at)
+                    self._last_done_at = now
+                continue
+            with self._cv:
+                if self._suspended or not self._buf:
+                    continue
+                cmd = self._buf.popleft()
+                self.hwq.launch(cmd.fn)          # under the lock: suspend() cannot slip in between
+                self._launched += 1
+                self._busy = True
+                need_sync = self.window.after_launch(cmd.est_us)
+                if need_sync:
+                    self.window.recorded(self.hwq.record_sync_point(), time.monotonic())
+                drained = not self._buf
+                marker = (self._launched, self.hwq.record_sync_point()) if drained else None
+            cmd.launched.set()                    # launched in order; completion is the hw queue's
+            if marker:
+                with self._idle_cv:
+                    self._idle_q.append(marker)
+                    self._idle_cv.notify()
+
+    def _watch_idle(self):
+        """When the buffer empties, wait for the last launch to complete; if nothing was launched
+        since, the queue is idle: tell the scheduler (XSched's XQueueIdle event)."""
+        while True:
+            with self._idle_cv:
+                while not self._idle_q:
+                    self._idle_cv.wait()
+                launched, handle = self._idle_q.popleft()
+            self.hwq.wait_sync_point(handle)
+            with self._cv:
+                if self._launched != launched or self._buf:
+                    continue
+                self._busy = False
+                self.ready_since = None
+                self.window.clear()
+            if self.on_state:
+                self.on_state(self)
+
+    @property
+    def launched(self):
+        return self._launched
