@@ -1,0 +1,147 @@
+"""The shared board: one small memory-mapped file (/dev/shm) through which scheduled processes and
+threads see each other's state, so the hot path is a memory read instead of a round trip.
+
+Each client owns one slot and is its only writer for `active`/`ready_since`; hints are written by
+the client, the daemon or `xsched-lv3 hint` (root or the owner). Every write bumps the slot's
+sequence number, so a reader can tell in one 128-byte comparison whether anything changed.
+Slot allocation takes an flock. Slots of dead pids are reclaimed.
+"""
+import fcntl
+import mmap
+import os
+import struct
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .policy import QueueState
+
+MAGIC = b"XSLV3B01"
+SLOTS = 32
+HEADER = struct.Struct("<8sII")                 # magic, slots, policy generation
+SLOT = struct.Struct("<iiIIddddid")             # pid, priority, active, owner_tid, ready_since,
+#                                                 utilization, deadline_us, laxity_us, crit_prio, pad
+SEQS_OFFSET = HEADER.size
+SLOTS_OFFSET = SEQS_OFFSET + 4 * SLOTS
+SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
+NAN = float("nan")
+
+
+def default_path():
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return os.environ.get("XSCHED_LV3_BOARD") or f"{base}/xsched-lv3-{os.getuid()}.board"
+
+
+class Board:
+    def __init__(self, path=None):
+        self.path = Path(path or default_path())
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if os.fstat(fd).st_size < SIZE:
+                with _flock(fd):
+                    if os.fstat(fd).st_size < SIZE:
+                        os.ftruncate(fd, SIZE)
+                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0), 0)
+            self.mm = mmap.mmap(fd, SIZE)
+        finally:
+            self.fd = fd
+        if self.mm[:8] != MAGIC:
+            raise ValueError(f"{self.path} is not an xsched_lv3 board")
+
+    def close(self):
+        self.mm.close()
+        os.close(self.fd)
+
+    # --- slots ----------------------------------------------------------------------------------
+    def allocate(self, pid, priority=0, tid=0):
+        with _flock(self.fd):
+            for i in range(SLOTS):
+                owner = self.read_slot(i)[0]
+                if owner == 0 or not _alive(owner):
+                    SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size, pid, priority, 0, tid, NAN,
+                                   NAN, NAN, NAN, 0, 0.0)
+                    self._bump(i)
+                    return i
+        raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
+
+    def release(self, slot):
+        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, 0, 0, 0, 0, NAN, NAN, NAN, NAN, 0, 0.0)
+        self._bump(slot)
+
+    def read_slot(self, slot):
+        return SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size)
+
+    def _bump(self, slot):
+        off = SEQS_OFFSET + 4 * slot
+        seq = int.from_bytes(self.mm[off:off + 4], "little")
+        self.mm[off:off + 4] = ((seq + 1) & 0xFFFFFFFF).to_bytes(4, "little")
+
+    def seqs(self):
+        return self.mm[SEQS_OFFSET:SLOTS_OFFSET]
+
+    def set_active(self, slot, active):
+        off = SLOTS_OFFSET + slot * SLOT.size
+        struct.pack_into("<I", self.mm, off + 8, 1 if active else 0)
+        struct.pack_into("<d", self.mm, off + 16, time.monotonic() if active else NAN)
+        self._bump(slot)
+
+    def set_hint(self, slot, name, value):
+        off = SLOTS_OFFSET + slot * SLOT.size
+        fields = {"priority": (4, "<i"), "utilization": (24, "<d"), "deadline_us": (32, "<d"),
+                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i")}
+        where, fmt = fields[name]
+        struct.pack_into(fmt, self.mm, off + where, value)
+        self._bump(slot)
+
+    def states(self):
+        """QueueStates of every occupied slot (id = slot index)."""
+        out = []
+        for i in range(SLOTS):
+            pid, prio, active, tid, since, util, ddl, lax, crit, _ = self.read_slot(i)
+            if pid == 0:
+                continue
+            hints = {"priority": prio}
+            for name, value in (("utilization", util), ("deadline_us", ddl), ("laxity_us", lax)):
+                if value == value:                    # not NaN
+                    hints[name] = value
+            if crit:
+                hints["critical_priority"] = crit
+            out.append(QueueState(i, 0, bool(active), since if since == since else None, hints))
+        return out
+
+    def clients(self):
+        """[(slot, pid, tid, priority, active)] for status displays."""
+        out = []
+        for i in range(SLOTS):
+            pid, prio, active, tid, *_ = self.read_slot(i)
+            if pid:
+                out.append((i, pid, tid, prio, bool(active)))
+        return out
+
+    def reap(self):
+        """Release slots of processes that died (their queues are gone with them)."""
+        dead = []
+        for slot, pid, *_ in self.clients():
+            if not _alive(pid):
+                self.release(slot)
+                dead.append(pid)
+        return dead
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _flock(fd):
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
