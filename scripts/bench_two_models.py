@@ -72,7 +72,7 @@ def lp_loop(seconds, batch, stream, start_at, results, stop_at=None, gate_ctx=No
         stream.synchronize()
     ctx = gate_ctx() if gate_ctx else _null()
     done = 0
-    with torch.no_grad(), torch.cuda.stream(stream), ctx:
+    with torch.no_grad(), torch.cuda.stream(stream), ctx as gate:
         while time.monotonic() < start_at:
             time.sleep(0.001)
         t_begin = start_at + WARMUP_S
@@ -88,11 +88,19 @@ def lp_loop(seconds, batch, stream, start_at, results, stop_at=None, gate_ctx=No
                 else:
                     done += 1
         results["lp_iters_per_s"] = done / (time.monotonic() - counted_from) if counted_from else 0.0
+        gate = gate if gate is not None and hasattr(gate, "waits") else _process_gate()
+        if gate is not None:
+            results["lp_gate_waits"], results["lp_gate_held_s"] = gate.waits, gate.held_s
+
+
+def _process_gate():
+    mod = sys.modules.get("xsched_lv3.pytorch")
+    return getattr(mod, "_process_gate", None) if mod else None
 
 
 class _null:
     def __enter__(self):
-        return self
+        return None
 
     def __exit__(self, *a):
         return False
@@ -171,8 +179,9 @@ def summarize(res):
         lat = sorted(res["hp_latencies_s"])
         out.update(hp_p50_ms=statistics.median(lat) * 1e3, hp_p99_ms=lat[int(0.99 * (len(lat) - 1))] * 1e3,
                    hp_max_ms=lat[-1] * 1e3, hp_requests=len(lat))
-    if "lp_iters_per_s" in res:
-        out["lp_iters_per_s"] = res["lp_iters_per_s"]
+    for key in ("lp_iters_per_s", "lp_gate_waits", "lp_gate_held_s"):
+        if key in res:
+            out[key] = res[key]
     return out
 
 

@@ -16,6 +16,7 @@ streams and CUDA graphs launched from modules alike. Cost: one wrapper per modul
 """
 import os
 import threading
+import time
 from contextlib import contextmanager
 
 from .gate import Gate
@@ -41,7 +42,9 @@ class TorchRecorder:
         return event.query()
 
     def wait(self, event):
-        event.synchronize()
+        # poll with sleeps: never hold the GIL (or a core) across a long GPU wait
+        while not event.query():
+            time.sleep(20e-6)
 
 
 def _gate():

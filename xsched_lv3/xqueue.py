@@ -108,9 +108,8 @@ class XQueue:
         self.hwq.synchronize()
         with self._cv:
             while self.window.pending:
-                handle = self.window.completed(time.monotonic(), self._last_done_at)
+                self.window.completed(time.monotonic(), self._last_done_at)
                 self._last_done_at = time.monotonic()
-                del handle
             self.window.since_sync_us = self.window.since_sync_n = 0
 
     def wait_all(self, timeout=None):
@@ -143,8 +142,9 @@ class XQueue:
                 self.hwq.wait_sync_point(handle)
                 now = time.monotonic()
                 with self._cv:
-                    self.window.completed(now, self._last_done_at)
-                    self._last_done_at = now
+                    if self.window.pending and self.window.pending[0][0] is handle:
+                        self.window.completed(now, self._last_done_at)
+                        self._last_done_at = now
                 continue
             with self._cv:
                 if self._suspended or not self._buf:

@@ -1,5 +1,7 @@
 """HwQueue over a PyTorch stream (CUDA on NVIDIA, HIP on ROCm): Lv1. Commands are callables that
 launch GPU work; sync points are events."""
+import time
+
 from ..levels import HwQueue, Level
 
 
@@ -22,7 +24,8 @@ class TorchHwQueue(HwQueue):
         return event
 
     def wait_sync_point(self, handle):
-        handle.synchronize()
+        while not handle.query():          # poll: never hold the GIL across a GPU wait
+            time.sleep(10e-6)
 
     def sync_point_done(self, handle):
         return handle.query()
