@@ -190,7 +190,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--modes", nargs="+", default=["threads", "processes"])
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--window-us", type=float, default=300.0)
+    parser.add_argument("--window-us", type=float, default=None,
+                        help="LP progressive window (default: 2000 for threads, where stream priorities let HP "
+                             "overtake in-flight LP work; 500 for processes, where they cannot)")
     parser.add_argument("--variants", nargs="+", default=["native", "priorities", "xsched"])
     parser.add_argument("--out", default=str(REPO / "results" / "bench_two_models"))
     args = parser.parse_args()
@@ -201,7 +203,12 @@ def main():
            "seconds": args.seconds, "window_us": args.window_us, "hp": "resnet18 b4 @ 20 req/s open loop",
            "lp": "resnet50 inference back to back", "runs": []}
     for mode in args.modes:
-        run = run_threads if mode == "threads" else run_processes
+        run_mode = run_threads if mode == "threads" else run_processes
+        window = args.window_us or (2000.0 if mode == "threads" else 500.0)
+        doc.setdefault("window_us_by_mode", {})[mode] = window
+
+        def run(variant, batch, seconds, _w, run_mode=run_mode, window=window):
+            return run_mode(variant, batch, seconds, window)
         hp_alone = summarize(run("hp-alone", 0, args.seconds, args.window_us))
         doc["runs"].append({"mode": mode, "variant": "hp-alone", **hp_alone})
         print(mode, "hp-alone", hp_alone, flush=True)

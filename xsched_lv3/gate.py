@@ -11,7 +11,7 @@ from .board import Board
 from .policy import make_policy
 from .window import ProgressiveWindow
 
-POLL_S = 50e-6
+POLL_MIN_S, POLL_MAX_S = 50e-6, 500e-6     # held back: poll the board with backoff (GIL-friendly)
 REAP_EVERY_S = 0.05
 
 
@@ -86,8 +86,10 @@ class Gate:
     def _wait_turn(self, start):
         self.waits += 1
         last_reap = start
+        poll = POLL_MIN_S
         while not self._may_run:
-            time.sleep(POLL_S)
+            time.sleep(poll)
+            poll = min(POLL_MAX_S, poll * 2)
             now = time.monotonic()
             if now - last_reap > REAP_EVERY_S:
                 self.board.reap()                 # a dead client must not hold us back forever

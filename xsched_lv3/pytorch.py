@@ -16,7 +16,6 @@ streams and CUDA graphs launched from modules alike. Cost: one wrapper per modul
 """
 import os
 import threading
-import time
 from contextlib import contextmanager
 
 from .gate import Gate
@@ -42,9 +41,7 @@ class TorchRecorder:
         return event.query()
 
     def wait(self, event):
-        # poll with sleeps: never hold the GIL (or a core) across a long GPU wait
-        while not event.query():
-            time.sleep(20e-6)
+        event.synchronize()         # releases the GIL while it waits
 
 
 def _gate():
