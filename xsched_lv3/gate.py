@@ -71,12 +71,15 @@ class Gate:
         self._seqs = self.board.seqs()
 
     def before_launch(self):
-        now = time.monotonic()
-        if self._seqs != self.board.seqs() or (self._wake_at is not None and now >= self._wake_at):
-            self._decide(now)
+        # hot path (every leaf module): one 128-byte compare unless something changed
+        if self._seqs != self.board.seqs() or (self._wake_at is not None and time.monotonic() >= self._wake_at):
+            self._decide(time.monotonic())
         if not self._may_run:
-            self._wait_turn(now)
-        handle = self.window.must_wait() if self.window else None
+            self._wait_turn(time.monotonic())
+        window = self.window
+        if window is None or not window.pending:
+            return
+        handle = window.must_wait()
         if handle is not None:
             self.recorder.wait(handle)
             done = time.monotonic()

@@ -57,10 +57,11 @@ def install():
     original = torch.nn.Module.__call__
 
     def scheduled_call(module, *args, **kwargs):
-        gate = _gate()
+        state = _local.__dict__
+        gate = state.get("gate") or _process_gate
         if gate is None:
             return original(module, *args, **kwargs)
-        depth = getattr(_local, "depth", 0)
+        depth = state.get("depth", 0)
         if depth == 0:
             gate.begin_request()
         leaf = not module._modules

@@ -20,12 +20,13 @@ class ProgressiveWindow:
         self.calibration_commands = calibration_commands
         self.calibrated = False
         self.pending = deque()                   # (handle, est_us, n_commands, t_recorded)
+        self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
 
     @property
     def in_flight_us(self):
-        return sum(p[1] for p in self.pending) + self.since_sync_us
+        return self.pending_us + self.since_sync_us
 
     @property
     def in_flight_commands(self):
@@ -41,6 +42,7 @@ class ProgressiveWindow:
 
     def recorded(self, handle, now):
         self.pending.append((handle, self.since_sync_us, self.since_sync_n, now))
+        self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
     def must_wait(self):
@@ -56,6 +58,7 @@ class ProgressiveWindow:
     def completed(self, now, previous_done_at):
         """The oldest sync point completed at `now`; learn the per-command GPU time from it."""
         handle, est, n, t_rec = self.pending.popleft()
+        self.pending_us = max(0.0, self.pending_us - est)
         start = t_rec if previous_done_at is None else max(previous_done_at, t_rec)
         if n and now > start:
             measured = (now - start) * 1e6 / n
@@ -65,4 +68,5 @@ class ProgressiveWindow:
 
     def clear(self):
         self.pending.clear()
+        self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0
