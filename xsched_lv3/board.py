@@ -93,6 +93,19 @@ class Board:
         struct.pack_into(fmt, self.mm, off + where, value)
         self._bump(slot)
 
+    def set_policy(self, name):
+        """The policy every gate on this board evaluates (0 = each client's own choice)."""
+        from .policy import POLICIES
+        index = list(POLICIES).index(name) + 1
+        struct.pack_into("<I", self.mm, 12, index)
+        for i in range(SLOTS):
+            self._bump(i)
+
+    def policy(self):
+        from .policy import POLICIES
+        index = struct.unpack_from("<I", self.mm, 12)[0]
+        return list(POLICIES)[index - 1] if 0 < index <= len(POLICIES) else None
+
     def states(self):
         """QueueStates of every occupied slot (id = slot index)."""
         out = []

@@ -65,6 +65,9 @@ class Gate:
 
     # --- per command --------------------------------------------------------------------------------
     def _decide(self, now):
+        board_policy = self.board.policy()          # set by the daemon: it wins over our own
+        if board_policy and board_policy != self.policy.name:
+            self.policy = make_policy(board_policy)
         decision = self.policy.decide(self.board.states(), now)
         self._may_run = self.slot in decision.run
         self._wake_at = decision.wake_at

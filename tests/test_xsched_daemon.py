@@ -1,0 +1,126 @@
+"""xsched-lv3 daemon protocol, dead clients, hints and the CLI's bad-input handling."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from xsched_lv3.daemon import may_change, request
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "d.sock"))
+    proc = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--policy", "hpf"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "d.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield env, str(tmp_path / "d.sock")
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+CLIENT = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+s.sendall(json.dumps({"op": "register", "priority": int(sys.argv[2])}).encode() + b"\\n")
+print(s.recv(1000).decode().strip(), flush=True)
+time.sleep(60)
+"""
+
+
+def spawn_client(sock, priority):
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, sock, str(priority)], stdout=subprocess.PIPE, text=True)
+    reply = json.loads(proc.stdout.readline())
+    assert reply["ok"]
+    return proc
+
+
+def test_register_status_hint_and_dead_client(daemon):
+    env, sock = daemon
+    a, b = spawn_client(sock, 5), spawn_client(sock, 1)
+    try:
+        status = request({"op": "status"}, sock)
+        assert status["policy"] == "hpf"
+        assert {(c["pid"], c["priority"]) for c in status["clients"]} == {(a.pid, 5), (b.pid, 1)}
+        assert request({"op": "hint", "pid": b.pid, "name": "priority", "value": 9}, sock)["ok"]
+        assert {c["pid"]: c["priority"] for c in request({"op": "status"}, sock)["clients"]}[b.pid] == 9
+        a.kill()                                           # a client dies without a word
+        a.wait()
+        deadline = time.monotonic() + 5
+        while a.pid in {c["pid"] for c in request({"op": "status"}, sock)["clients"]}:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        for p in (a, b):
+            p.kill()
+
+
+@pytest.mark.parametrize("msg,needle", [
+    ({"op": "hint", "pid": 1, "name": "priority", "value": "high"}, "wants a number"),
+    ({"op": "hint", "pid": 1, "name": "colour", "value": 1}, "unknown hint"),
+    ({"op": "hint", "pid": 999999, "name": "priority", "value": 1}, "not scheduled"),
+    ({"op": "policy", "name": "fifo"}, "unknown policy"),
+    ({"op": "reboot"}, "unknown op"),
+    ({"op": "register", "priority": 10**6}, "between -1000 and 1000"),
+])
+def test_bad_requests_are_rejected(daemon, msg, needle):
+    _, sock = daemon
+    assert needle in request(msg, sock)["error"]
+
+
+def test_garbage_does_not_kill_the_daemon(daemon):
+    _, sock = daemon
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock)
+    s.sendall(b"{not json\n")
+    assert "error" in json.loads(s.recv(1000))
+    s.close()
+    assert request({"op": "status"}, sock)["ok"]
+
+
+def test_only_root_or_owner_may_hint():
+    assert may_change(0, os.getpid())
+    assert may_change(os.getuid(), os.getpid())
+    assert not may_change(os.getuid() + 12345, os.getpid())
+    assert not may_change(os.getuid() + 12345, 999999)
+
+
+def xsched(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "xsched_lv3", *args], capture_output=True, text=True,
+                          env=env or os.environ, timeout=30)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["hint", "--pid", "1", "--priority", "2", "--socket", "/nonexistent.sock"], "no xsched-lv3 daemon"),
+    (["hint", "--pid", "1"], "give at least one hint"),
+    (["run", "--priority", "1"], "nothing to run"),
+    (["run", "--", "no-such-program-xyz"], "command not found"),
+    (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], "between 0 and 100"),
+])
+def test_cli_errors_are_one_line(args, needle):
+    result = xsched(*args)
+    assert result.returncode == 1 and needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_cli_hint_through_the_daemon(daemon):
+    env, sock = daemon
+    client = spawn_client(sock, 0)
+    try:
+        result = xsched("hint", "--pid", str(client.pid), "--priority", "7", env=env)
+        assert result.returncode == 0, result.stderr
+        status = xsched("status", env=env)
+        assert f"{client.pid:>8}" in status.stdout and "policy: hpf" in status.stdout
+    finally:
+        client.kill()
+
+
+def test_run_sets_up_the_child(tmp_path):
+    probe = "import os, sys; print(os.environ['XSCHED_LV3_PRIORITY'], any('_boot' in p for p in sys.path))"
+    result = xsched("run", "--priority", "4", "--", sys.executable, "-c", probe)
+    assert result.returncode == 0 and result.stdout.split() == ["4", "True"]

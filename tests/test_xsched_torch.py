@@ -1,0 +1,105 @@
+"""The PyTorch integration's logic with a fake torch (see fake_torch.py): module gates, request
+activity, the progressive window, the Lv1 TorchHwQueue. Its real behaviour is measured on a GPU by
+scripts/bench_two_models.py and scripts/bench_preempt_latency.py."""
+import sys
+import threading
+import time
+
+import pytest
+
+import fake_torch
+
+
+@pytest.fixture
+def torch_fake(monkeypatch, tmp_path):
+    gpu = fake_torch.FakeGPU()
+    torch = fake_torch.make(gpu)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setenv("XSCHED_LV3_BOARD", str(tmp_path / "board"))
+    import xsched_lv3.pytorch as xt
+    monkeypatch.setattr(xt, "_installed", False)
+    monkeypatch.setattr(xt, "_process_gate", None)
+    return torch, gpu, xt
+
+
+def model(torch, name, layers, kernel_s):
+    return torch.nn.Module(*[torch.nn.Module(kernel_s=kernel_s, name=f"{name}{i}") for i in range(layers)])
+
+
+def test_low_priority_yields_while_high_priority_is_active(torch_fake):
+    torch, gpu, xt = torch_fake
+    lp_model, hp_model = model(torch, "lp", 400, 0.0005), model(torch, "hp", 10, 0.0005)
+    stop = threading.Event()
+
+    def lp():
+        with xt.client(priority=0, window_us=1000) as gate:
+            while not stop.is_set():
+                lp_model(None)
+            lp.gate = gate
+    t = threading.Thread(target=lp)
+    t.start()
+    time.sleep(0.05)
+    with xt.client(priority=10, window_us=None):
+        arrived = time.monotonic()
+        hp_model(None)
+        torch.cuda.Stream().synchronize()
+        latency = time.monotonic() - arrived
+    stop.set()
+    t.join()
+    hp = [(s, e) for n, s, e in gpu.launched if n.startswith("hp")]
+    lp_during = [n for n, s, e in gpu.launched if n.startswith("lp") and hp[0][0] < s < hp[-1][1]]
+    assert not lp_during                       # no LP kernel started inside the HP request
+    assert latency < 0.005 + 0.0015 + 0.003    # own work + at most ~one LP window + slack
+    assert lp.gate.waits >= 1
+
+
+def test_window_bounds_in_flight_work(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 60, 0.001)            # 1 ms kernels
+    with xt.client(priority=0, window_us=3000):
+        t0 = time.monotonic()
+        m(None)
+        launch_done = time.monotonic()
+    ahead = gpu.busy_until - launch_done         # GPU work still queued when the CPU finished
+    assert ahead < 0.0065                        # ~window + one sync interval, not 60 ms
+    assert launch_done - t0 > 0.04               # the CPU was held back to the GPU's pace
+
+
+def test_request_activity_marks_the_board(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 5, 0.01)
+    with xt.client(priority=3, window_us=None) as gate:
+        m(None)
+        assert gate.board.read_slot(gate.slot)[2] == 1       # active while its work runs
+        deadline = time.monotonic() + 1
+        while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gate.board.read_slot(gate.slot)[2] == 0       # idle once it completed
+
+
+def test_unbound_threads_are_not_gated(torch_fake):
+    torch, gpu, xt = torch_fake
+    xt.install()
+    m = model(torch, "k", 3, 0.0)
+    m(None)
+    assert len(gpu.launched) == 3
+
+
+def test_torch_hwqueue_with_xqueue(torch_fake):
+    torch, gpu, xt = torch_fake
+    from xsched_lv3 import XQueue
+    from xsched_lv3.backends.torch import TorchHwQueue
+    xq = XQueue(TorchHwQueue(), window_us=2000)
+    for i in range(30):
+        xq.submit(lambda i=i: gpu.launch(f"c{i}", 0.001), est_us=1000)
+    time.sleep(0.005)
+    t = time.perf_counter()
+    xq.suspend(sync=True)
+    assert time.perf_counter() - t < 0.006                    # drained within ~the window
+    n = len(gpu.launched)
+    time.sleep(0.01)
+    assert len(gpu.launched) == n
+    xq.resume()
+    assert xq.wait_all(timeout=5)
+    assert [x[0] for x in gpu.launched] == [f"c{i}" for i in range(30)]
+    xq.close()

@@ -1,0 +1,117 @@
+"""xsched-lv3: run programs under the scheduler, run the daemon, inspect and hint.
+
+Every failure a user can cause ends as one line on stderr and a non-zero exit code."""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .board import Board
+from .policy import HINTS, POLICIES, check_hint
+
+EPILOG = """examples:
+  xsched-lv3 daemon --policy hpf &                  # the multi-process scheduler
+  xsched-lv3 run --priority 10 -- python serve.py   # latency-critical, unmodified PyTorch program
+  xsched-lv3 run --priority 0 -- python train.py    # batch work, yields to it
+  xsched-lv3 status
+  xsched-lv3 hint --pid 1234 --priority 5
+  xsched-lv3 hint --pid 1234 --utilization 25       # with --policy bandwidth
+"""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="xsched-lv3", description="Preemptive GPU scheduling (XSched-style, Lv1/Lv3).",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("daemon", help="run the multi-process scheduler (unix socket, no TCP)")
+    d.add_argument("--policy", default="hpf", choices=list(POLICIES))
+    d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3-<uid>.sock)")
+    d.set_defaults(run=cmd_daemon)
+    r = sub.add_parser("run", help="run a program with its PyTorch work scheduled")
+    r.add_argument("--priority", type=int, default=0)
+    r.add_argument("--policy", choices=list(POLICIES), default="hpf")
+    r.add_argument("--window-us", type=float, default=500.0, help="progressive launch window (GPU time)")
+    r.add_argument("--utilization", type=float)
+    r.add_argument("--deadline-us", type=float)
+    r.add_argument("--laxity-us", type=float)
+    r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
+    r.set_defaults(run=cmd_run)
+    s = sub.add_parser("status", help="scheduled clients on this board")
+    s.set_defaults(run=cmd_status)
+    h = sub.add_parser("hint", help="change a scheduled process's hints (root or its owner)")
+    h.add_argument("--pid", type=int, required=True)
+    for name in HINTS:
+        h.add_argument("--" + name.replace("_", "-"), dest=name)
+    h.add_argument("--socket")
+    h.set_defaults(run=cmd_hint)
+    return p
+
+
+def cmd_daemon(args):
+    from .daemon import Daemon
+    daemon = Daemon(args.policy, args.socket)
+    print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, board {daemon.board.path}",
+          flush=True)
+    daemon.serve()
+    return 0
+
+
+def cmd_run(args):
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ValueError("nothing to run: xsched-lv3 run [options] -- program [args]")
+    env = dict(os.environ, XSCHED_LV3_PRIORITY=str(check_hint("priority", args.priority)),
+               XSCHED_LV3_POLICY=args.policy, XSCHED_LV3_WINDOW_US=str(args.window_us))
+    for name in ("utilization", "deadline_us", "laxity_us"):
+        value = getattr(args, name)
+        if value is not None:
+            env["XSCHED_LV3_" + name.upper()] = str(check_hint(name, value))
+    boot = str(Path(__file__).parent / "_boot")
+    env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        os.execvpe(argv[0], argv, env)
+    except FileNotFoundError:
+        raise ValueError(f"{argv[0]}: command not found") from None
+
+
+def cmd_status(args):
+    board = Board()
+    board.reap()
+    clients = board.clients()
+    if not clients:
+        print("no scheduled clients")
+        return 0
+    print(f"policy: {board.policy() or 'per client'}")
+    print(f"{'SLOT':>4} {'PID':>8} {'TID':>8} {'PRIO':>5} STATE")
+    for slot, pid, tid, prio, active in clients:
+        print(f"{slot:>4} {pid:>8} {tid:>8} {prio:>5} {'active' if active else 'idle'}")
+    return 0
+
+
+def cmd_hint(args):
+    from .daemon import request
+    given = {name: getattr(args, name) for name in HINTS if getattr(args, name) is not None}
+    if not given:
+        raise ValueError("give at least one hint, e.g. --priority 5")
+    for name, value in given.items():
+        check_hint(name, value)
+        reply = request({"op": "hint", "pid": args.pid, "name": name, "value": value}, args.socket)
+        if "error" in reply:
+            raise ValueError(reply["error"])
+    print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    return 0
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, ConnectionError, RuntimeError) as e:
+        print(f"xsched-lv3: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
