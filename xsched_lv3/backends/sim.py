@@ -1,80 +1,105 @@
-"""A virtual GPU for tests and simulations: one device thread per hardware queue executes commands
-(durations in µs) in order, and records what ran. Lv3: interrupt stops the device mid-command and
-restore continues it, like a CWSR save and restore."""
+"""A virtual GPU for tests and simulations. One device thread per SimGPU executes the commands of
+all its hardware queues one at a time, oldest launch first (a GPU without queue priorities); a
+command is a duration in µs. Lv3: interrupt stops a queue mid-command and restore continues it
+where it stopped, like a CWSR save and restore; the device meanwhile runs other queues."""
+import itertools
 import threading
 import time
 from collections import deque
 
 from ..levels import HwQueue, Level
 
+SLICE_S = 0.0002
 
-class SimHwQueue(HwQueue):
-    def __init__(self, level=Level.INTERRUPT, time_scale=1.0, name="simq"):
-        self.max_level = Level(level)
-        self.why = ("simulated: interrupt/restore model CWSR save/restore" if self.max_level >= Level.INTERRUPT
-                    else "simulated Lv1 device")
+
+class SimGPU:
+    def __init__(self, time_scale=1.0):
         self.time_scale = time_scale
-        self.name = name
-        self.executed = []                 # payloads in execution order
-        self._ring = deque()
-        self._cv = threading.Condition()
-        self._stopped = False              # interrupted (Lv3) or deactivated (Lv2)
-        self._busy = False
-        self._launched = 0
-        self._completed = 0
-        self._thread = threading.Thread(target=self._device, name=f"simgpu-{name}", daemon=True)
-        self._thread.start()
+        self.cv = threading.Condition()
+        self.queues = []
+        self.order = itertools.count()
+        self.busy_queue = None
+        threading.Thread(target=self._device, name="simgpu", daemon=True).start()
+
+    def _pick(self):
+        ready = [q for q in self.queues if q._ring and not q._stopped]
+        return min(ready, key=lambda q: q._ring[0][0]) if ready else None
 
     def _device(self):
         while True:
-            with self._cv:
-                while not self._ring or self._stopped:
-                    self._cv.wait()
-                payload = self._ring[0]
-                self._busy = True
-            remaining = _duration(payload) * self.time_scale / 1e6
-            while remaining > 0:                      # runs in slices so an interrupt can cut in
-                step = min(remaining, 0.0005)
-                time.sleep(step)
-                remaining -= step
-                with self._cv:
-                    while self._stopped:             # saved: resume exactly where it stopped
-                        self._busy = False
-                        self._cv.wait()
-                    self._busy = True
-            with self._cv:
-                self._ring.popleft()
-                self.executed.append(payload)
-                self._completed += 1
-                self._busy = False
-                self._cv.notify_all()
+            with self.cv:
+                q = self._pick()
+                while q is None:
+                    self.cv.wait()
+                    q = self._pick()
+                order, payload, remaining = q._ring[0]
+                self.busy_queue = q
+            step = min(remaining, SLICE_S) if remaining > 0 else 0.0
+            if step:
+                end = time.perf_counter() + step
+                while time.perf_counter() < end:          # precise short waits
+                    time.sleep(0)
+            with self.cv:
+                self.busy_queue = None
+                if q._ring and q._ring[0][0] == order:
+                    remaining -= step
+                    if remaining <= 1e-9:
+                        q._ring.popleft()
+                        q.executed.append(payload)
+                        q._completed += 1
+                    else:
+                        q._ring[0] = (order, payload, remaining)   # preempted mid-command: resumes here
+                self.cv.notify_all()
+
+
+class SimHwQueue(HwQueue):
+    def __init__(self, level=Level.INTERRUPT, time_scale=1.0, name="simq", gpu=None):
+        self.max_level = Level(level)
+        self.why = ("simulated: interrupt/restore model CWSR save/restore" if self.max_level >= Level.INTERRUPT
+                    else "simulated Lv1 device")
+        self.gpu = gpu or SimGPU(time_scale)
+        self.name = name
+        self.executed = []                 # payloads in execution order
+        self._ring = deque()               # (launch order, payload, seconds left)
+        self._stopped = False
+        self._launched = 0
+        self._completed = 0
+        with self.gpu.cv:
+            self.gpu.queues.append(self)
 
     def launch(self, payload):
-        with self._cv:
-            self._ring.append(payload)
+        with self.gpu.cv:
+            self._ring.append((next(self.gpu.order), payload, _duration(payload) * self.gpu.time_scale / 1e6))
             self._launched += 1
-            self._cv.notify_all()
+            self.gpu.cv.notify_all()
 
     def record_sync_point(self):
-        with self._cv:
+        with self.gpu.cv:
             return self._launched
 
     def wait_sync_point(self, handle):
-        with self._cv:
+        with self.gpu.cv:
             while self._completed < handle:
-                self._cv.wait()
+                self.gpu.cv.wait()
+
+    def sync_point_done(self, handle):
+        with self.gpu.cv:
+            return self._completed >= handle
 
     def synchronize(self):
         self.wait_sync_point(self.record_sync_point())
 
     def idle(self):
-        with self._cv:
-            return not self._busy and (self._stopped or not self._ring)
+        with self.gpu.cv:
+            return self.gpu.busy_queue is not self and (self._stopped or not self._ring)
 
     def _stop(self, stopped):
-        with self._cv:
+        with self.gpu.cv:
             self._stopped = stopped
-            self._cv.notify_all()
+            if stopped:
+                while self.gpu.busy_queue is self:     # the slice in progress is the save point
+                    self.gpu.cv.wait()
+            self.gpu.cv.notify_all()
 
     def interrupt(self):
         if self.max_level < Level.INTERRUPT:
@@ -100,4 +125,6 @@ class SimHwQueue(HwQueue):
 def _duration(payload):
     if isinstance(payload, (int, float)):
         return payload
-    return getattr(payload, "duration_us", 0) or (payload[1] if isinstance(payload, tuple) else 0)
+    if isinstance(payload, tuple):
+        return payload[1]
+    return getattr(payload, "duration_us", 0)
