@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The two-model scenario on the simulated MI308X (one CPX partition), Lv1 versus Lv3 — SIMULATION.
+
+A virtual GPU (xsched_lv3.backends.sim.SimGPU) runs kernels one at a time, oldest launch first.
+HP: a ResNet-18-like request (60 kernels x 35 µs) at 20 req/s, open loop. LP: ResNet-50-like
+iterations (160 kernels of 25 µs, "b16", or 90 µs, "b64") back to back. Variants: HP alone, LP
+alone, native (no scheduler), Lv1 (XQueue progressive window + HPF), Lv3 (interrupt/restore whose
+cost is kfdtool.sim.timing's model for this partition: HWS remap + CWSR save/restore of the resident
+waves at the partition's share of HBM bandwidth).
+
+    python scripts/bench_sim_levels.py [--seconds 4]
+Results: results/bench_sim_levels.json
+"""
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from xsched_lv3 import Level, LocalScheduler, XQueue  # noqa: E402
+from xsched_lv3.backends.sim import SimGPU, SimHwQueue  # noqa: E402
+
+HP_KERNELS, HP_KERNEL_US, HP_RATE = 60, 35, 20.0
+LP_KERNELS = 160
+# MI308X CPX partition (20 CUs, 1 XCC): kfdtool.sim.timing's constants
+REMAP_S = 40e-6 + 1.5e-6 * 2
+WAVES, BYTES_PER_WAVE, BANDWIDTH = 800, 14_800, 5.3e12 / 4
+
+
+class ModeledLv3(SimHwQueue):
+    """Interrupt/restore that take the simulated MI308X's modelled CWSR time."""
+
+    def interrupt(self):
+        _pause(REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH)
+        super().interrupt()
+
+    def restore(self):
+        _pause(REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH)
+        super().restore()
+
+
+def _pause(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        time.sleep(0)
+
+
+def run(variant, lp_us, seconds):
+    gpu = SimGPU()
+    hp_hw = (ModeledLv3 if variant == "lv3" else SimHwQueue)(Level.INTERRUPT, gpu=gpu, name="hp")
+    lp_hw = (ModeledLv3 if variant == "lv3" else SimHwQueue)(Level.INTERRUPT, gpu=gpu, name="lp")
+    level = Level.INTERRUPT if variant == "lv3" else Level.BLOCK
+    window = None if variant == "native" else 500
+    hp = XQueue(hp_hw, level=level, window_us=10_000_000)
+    lp = XQueue(lp_hw, level=level, window_us=window or 10_000_000)
+    sched = None
+    if variant in ("lv1", "lv3"):
+        sched = LocalScheduler("hpf")
+        sched.add(hp)
+        sched.add(lp)
+        sched.hint(hp, "priority", 10)
+        sched.hint(lp, "priority", 0)
+    stop = threading.Event()
+    lp_iters = [0]
+
+    def lp_loop():
+        while not stop.is_set():
+            for _ in range(LP_KERNELS):
+                lp.submit(("lp", lp_us), est_us=lp_us)
+            lp.wait_all()
+            lp_hw.synchronize()
+            lp_iters[0] += 1
+    lat = []
+    t0 = time.monotonic()
+    threads = []
+    if variant != "hp-alone":
+        threads.append(threading.Thread(target=lp_loop, daemon=True))
+        threads[0].start()
+    if variant != "lp-alone":
+        i = 0
+        while True:
+            arrival = t0 + i / HP_RATE
+            if arrival > t0 + seconds:
+                break
+            delay = arrival - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            for _ in range(HP_KERNELS):
+                hp.submit(("hp", HP_KERNEL_US), est_us=HP_KERNEL_US)
+            hp.wait_all()
+            hp_hw.synchronize()
+            if arrival - t0 >= 0.5:
+                lat.append(time.monotonic() - arrival)
+            i += 1
+    else:
+        time.sleep(seconds)
+    lp_start = lp_iters[0]
+    t_mid = time.monotonic()
+    time.sleep(0.0)
+    stop.set()
+    out = {"variant": variant}
+    if lat:
+        lat.sort()
+        out.update(hp_p50_ms=statistics.median(lat) * 1e3, hp_p99_ms=lat[int(0.99 * (len(lat) - 1))] * 1e3,
+                   hp_max_ms=lat[-1] * 1e3)
+    if variant != "hp-alone":
+        out["lp_iters_per_s"] = lp_start / (t_mid - t0)
+    if sched:
+        sched.close()
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--out", default=str(REPO / "results" / "bench_sim_levels"))
+    args = parser.parse_args()
+    rows = []
+    hp_alone = run("hp-alone", 0, args.seconds)
+    rows.append(hp_alone)
+    print(hp_alone, flush=True)
+    for label, lp_us in (("b16", 25), ("b64", 90)):
+        lp_alone = run("lp-alone", lp_us, args.seconds)
+        rows.append({**lp_alone, "lp": label})
+        print(label, lp_alone, flush=True)
+        for variant in ("native", "lv1", "lv3"):
+            r = run(variant, lp_us, args.seconds)
+            r.update(lp=label, hp_p99_vs_alone=r["hp_p99_ms"] / hp_alone["hp_p99_ms"],
+                     lp_vs_alone=r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"])
+            rows.append(r)
+            print(label, {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
+    doc = {"benchmark": "two models on the simulated MI308X (CPX partition): Lv1 vs Lv3", "simulation": True,
+           "note": "virtual GPU in Python; absolute times are the model's, only ratios within this run mean much",
+           "modelled_lv3_switch_us": (REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH) * 1e6, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}.json")
+
+
+if __name__ == "__main__":
+    main()
