@@ -7,7 +7,7 @@ import sys
 
 from .. import __version__
 from ..errors import Error
-from . import cwsr_cmd, demo_cmd, preempt_cmd, queues_cmd, sim_cmd, topology_cmd
+from . import cwsr_cmd, demo_cmd, monitor_cmd, preempt_cmd, queues_cmd, sim_cmd, topology_cmd
 from .context import Context
 
 DESCRIPTION = "Inspect and control AMD GPU queues through the Linux KFD driver (/dev/kfd)."
@@ -19,7 +19,7 @@ EPILOG = """examples:
   kfdtool preempt --pid 1234 --for 1s   # suspend them for a second (CWSR), then resume
   kfdtool --sim mi308x queues           # the same against a simulated machine
 """
-COMMANDS = (topology_cmd, queues_cmd, cwsr_cmd, preempt_cmd, sim_cmd, demo_cmd)
+COMMANDS = (topology_cmd, queues_cmd, monitor_cmd, cwsr_cmd, preempt_cmd, sim_cmd, demo_cmd)
 
 
 def build_parser():
