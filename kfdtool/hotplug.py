@@ -1,7 +1,10 @@
 """GPU hotplug through udev (pyudev, imported only here): KFD topology changes when an amdgpu
 device is added, removed or reset, or a partition mode switch re-creates its nodes. Each event
 says what happened; the caller re-reads the topology (generation_id changes too)."""
+import re
 from dataclasses import dataclass
+
+_GPU_NODE = re.compile(r"^(card|renderD)\d+$")
 
 
 @dataclass
@@ -27,6 +30,6 @@ def events(mon, timeout=None):
         dev = mon.poll(timeout=timeout)
         if dev is None:
             return
-        if dev.subsystem == "drm" and not (dev.sys_name or "").startswith(("card", "renderD")):
-            continue
+        if dev.subsystem == "drm" and not _GPU_NODE.match(dev.sys_name or ""):
+            continue                     # connectors (card1-DP-1) and other drm objects
         yield HotplugEvent(dev.action or "change", dev.subsystem, dev.device_node or dev.sys_path)
