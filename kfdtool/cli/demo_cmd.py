@@ -5,7 +5,7 @@ import signal
 
 from ..sim import runner
 from ..sysfs import SysfsRoot
-from . import cwsr_cmd, queues_cmd, topology_cmd
+from . import cwsr_cmd, preempt_cmd, queues_cmd, topology_cmd
 from .context import Context
 from .render import console
 from .sim_cmd import spawn_workload
@@ -44,7 +44,12 @@ def run(args, ctx):
         queues_cmd.run(argparse.Namespace(pid=None, name=None, json=False, csv=False, interval=None, count=None),
                        sim_ctx)
         out.print(f"\n$ kfdtool --sim {args.machine} cwsr")
-        cwsr_cmd.run(argparse.Namespace(json=False), sim_ctx)
+        cwsr_cmd.run(argparse.Namespace(json=False, probe=False, pid=None), sim_ctx)
+        batch = pids[-1]
+        out.print(f"\n$ kfdtool --sim {args.machine} preempt --pid {batch} --for 300ms --grace 100"
+                  f"     # suspend the batch job's queues (CWSR), then resume")
+        preempt_cmd.run_preempt(argparse.Namespace(pid=batch, queue=None, gpu=None, grace=100, duration=0.3,
+                                                   mechanism="debug-trap", json=False), sim_ctx)
     finally:
         if not args.keep:
             for pid in pids:
