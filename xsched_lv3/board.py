@@ -14,6 +14,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from kfdtool.pids import alive
+
 from .policy import QueueState
 
 MAGIC = b"XSLV3B01"
@@ -57,7 +59,7 @@ class Board:
         with _flock(self.fd):
             for i in range(SLOTS):
                 owner = self.read_slot(i)[0]
-                if owner == 0 or not _alive(owner):
+                if owner == 0 or not alive(owner):
                     SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size, pid, priority, 0, tid, NAN,
                                    NAN, NAN, NAN, 0, 0.0)
                     self._bump(i)
@@ -135,20 +137,10 @@ class Board:
         """Release slots of processes that died (their queues are gone with them)."""
         dead = []
         for slot, pid, *_ in self.clients():
-            if not _alive(pid):
+            if not alive(pid):
                 self.release(slot)
                 dead.append(pid)
         return dead
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager

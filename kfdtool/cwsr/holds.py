@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from ..pids import alive
+
 
 def run_dir():
     override = os.environ.get("KFDTOOL_RUN_DIR")
@@ -15,16 +17,6 @@ def run_dir():
     if os.geteuid() == 0 and os.path.isdir("/run"):
         return Path("/run/kfdtool")
     return Path(f"/tmp/kfdtool-run-{os.getuid()}")
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Hold:
@@ -63,7 +55,7 @@ def for_each_hold():
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not _alive(record.get("holder_pid", -1)) or not _alive(record.get("target_pid", -1)):
+        if not alive(record.get("holder_pid", -1)) or not alive(record.get("target_pid", -1)):
             path.unlink(missing_ok=True)
             continue
         yield record

@@ -4,6 +4,7 @@ negotiation and "debugger exit resumes everything" are the parts preemption reli
 import ctypes
 import errno
 
+from ..cwsr.ptrace import tracer_of
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from .errors import SimErrno
@@ -11,17 +12,6 @@ from .errors import SimErrno
 OPS = c.kfd_dbg_trap_operations
 SNAPSHOT_ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
 
-
-def tracer_pid(pid):
-    """The target's ptrace parent, from procfs (what ptrace_parent() returns in the kernel)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("TracerPid:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 class DbgTrap:
@@ -50,7 +40,7 @@ class DbgTrap:
         target = kfd.processes.get(a.pid)
         if target is None:
             raise SimErrno(errno.ESRCH)
-        if not (target is caller or tracer_pid(target.pid) == caller.pid or target.debugger is caller):
+        if not (target is caller or tracer_of(target.pid) == caller.pid or target.debugger is caller):
             raise SimErrno(errno.EPERM)
         op = a.op
         if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:
