@@ -115,7 +115,7 @@ def streams(variant):
 
 
 def gates(variant, window_us):
-    if variant != "xsched":
+    if variant not in ("xsched", "lp-alone-xsched"):
         return None, None
     import xsched_lv3.pytorch as xt
     return (lambda: xt.client(priority=10, window_us=None)), (lambda: xt.client(priority=0, window_us=window_us))
@@ -127,7 +127,7 @@ def run_threads(variant, batch, seconds, window_us):
     res = {}
     start_at = time.monotonic() + 8.0           # both models built and warm by then
     threads = []
-    if variant != "lp-alone":
+    if not variant.startswith("lp-alone"):
         threads.append(threading.Thread(target=hp_loop, args=(seconds, hp_s, start_at, res, hp_gate)))
     if variant != "hp-alone":
         threads.append(threading.Thread(target=lp_loop, args=(seconds, batch, lp_s, start_at, res, None, lp_gate)))
@@ -193,7 +193,8 @@ def main():
     parser.add_argument("--window-us", type=float, default=None,
                         help="LP progressive window (default: 2000 for threads, where stream priorities let HP "
                              "overtake in-flight LP work; 500 for processes, where they cannot)")
-    parser.add_argument("--variants", nargs="+", default=["native", "priorities", "xsched"])
+    parser.add_argument("--variants", nargs="+", default=["native", "priorities", "xsched"],
+                        help="also: lp-alone-xsched (LP alone under the scheduler: its overhead)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench_two_models"))
     args = parser.parse_args()
     import torch
@@ -218,6 +219,11 @@ def main():
             print(mode, "lp-alone", batch, lp_alone, flush=True)
             for variant in args.variants:
                 r = summarize(run(variant, batch, args.seconds, args.window_us))
+                if variant == "lp-alone-xsched":
+                    r["lp_vs_alone"] = r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"]
+                    doc["runs"].append({"mode": mode, "variant": variant, "lp_batch": batch, **r})
+                    print(mode, variant, batch, {k: round(v, 3) for k, v in r.items()}, flush=True)
+                    continue
                 r["hp_p99_vs_alone"] = r["hp_p99_ms"] / hp_alone["hp_p99_ms"]
                 r["lp_vs_alone"] = r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"]
                 doc["runs"].append({"mode": mode, "variant": variant, "lp_batch": batch, **r})
@@ -236,6 +242,8 @@ def plot(doc, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [r for r in doc["runs"] if "hp_p99_vs_alone" in r]
+    if not rows:
+        return
     labels = [f"{r['mode'][:4]} b{r['lp_batch']}\n{r['variant']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
     xs = range(len(rows))
