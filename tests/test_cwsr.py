@@ -282,3 +282,35 @@ def _wait_for(predicate, timeout=10):
             return
         time.sleep(0.02)
     raise AssertionError("condition not reached in time")
+
+
+def test_debug_trap_suspend_emits_no_smi_events_eviction_does(sim):
+    """kfd-abi.md §5.3: debugger suspend/resume and UPDATE_QUEUE are silent; eviction is not."""
+    from kfdtool.ioctls import constants as c
+    from kfdtool.ioctls import structs as s
+    cl = Client(sim)
+    try:
+        qid = cl.rt.create_queue(cl.gpus[0])
+        args = s.kfd_ioctl_smi_events_args(gpuid=cl.gpus[0])
+        cl.kfd.ioctl("SMI_EVENTS", args)
+        fd = args.anon_fd
+        os.set_blocking(fd, False)
+        mask = c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_EVICTION) | \
+            c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_RESTORE)
+        os.write(fd, mask.to_bytes(8, "little"))
+        time.sleep(0.05)
+        with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
+            mech.suspend([qid])
+            mech.resume([qid])
+        with UpdateQueueSuspend.from_snapshot(cl.kfd) as mech:
+            mech.suspend([qid])
+        time.sleep(0.05)
+        with pytest.raises(BlockingIOError):
+            os.read(fd, 4096)
+        cl.ctl("evict", pid=os.getpid())
+        cl.ctl("restore", pid=os.getpid())
+        time.sleep(0.05)
+        assert os.read(fd, 4096).decode().count(f" -{os.getpid()} ") >= 2
+        os.close(fd)
+    finally:
+        cl.close()

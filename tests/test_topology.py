@@ -169,3 +169,14 @@ def test_packaged_tarballs_exist():
     for c in CAPTURES:
         with resources.as_file(resources.files("kfdtool.sim").joinpath("presets").joinpath(f"{c}.tar.gz")) as p:
             assert tarfile.open(p).getmembers()
+
+
+@pytest.mark.parametrize("node", [4, 5, 6])
+def test_cwsr_formula_equals_published_sizes(capture_root, node):
+    """MI300X (gfx942), MI350X (gfx950), RX 9070 XT (gfx1201): the kernel formula reproduces the
+    cwsr_size / ctl_stack_size these nodes publish."""
+    from kfdtool.cwsr.sizing import cwsr_sizes, formula
+    props = read_topology(capture_root("rocprofsdk-composite")).nodes[node].props
+    computed = formula(props)
+    assert (computed.cwsr_size, computed.ctl_stack_size) == (props["cwsr_size"], props["ctl_stack_size"])
+    assert cwsr_sizes(props).source == "sysfs"
