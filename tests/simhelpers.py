@@ -60,6 +60,19 @@ class Client:
                           num_queues=len(qids), grace_period=grace, exception_mask=exception_mask)
         return ret, list(arr)
 
+    def open_smi(self, gpu, *events):
+        """An SMI event fd for `gpu`, non-blocking, subscribed to `events`."""
+        import time
+        args = s.kfd_ioctl_smi_events_args(gpuid=gpu)
+        self.kfd.ioctl("SMI_EVENTS", args)
+        os.set_blocking(args.anon_fd, False)
+        mask = 0
+        for event in events:
+            mask |= c.KFD_SMI_EVENT_MASK_FROM_INDEX(event)
+        os.write(args.anon_fd, mask.to_bytes(8, "little"))
+        time.sleep(0.05)                  # the mask write is asynchronous to the server
+        return args.anon_fd
+
     def resume(self, qids, pid=None):
         arr = (ctypes.c_uint32 * len(qids))(*qids)
         ret, _ = self.dbg("RESUME_QUEUES", "resume_queues", pid=pid, queue_array_ptr=ctypes.addressof(arr),

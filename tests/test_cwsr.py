@@ -287,18 +287,10 @@ def _wait_for(predicate, timeout=10):
 def test_debug_trap_suspend_emits_no_smi_events_eviction_does(sim):
     """kfd-abi.md §5.3: debugger suspend/resume and UPDATE_QUEUE are silent; eviction is not."""
     from kfdtool.ioctls import constants as c
-    from kfdtool.ioctls import structs as s
     cl = Client(sim)
     try:
         qid = cl.rt.create_queue(cl.gpus[0])
-        args = s.kfd_ioctl_smi_events_args(gpuid=cl.gpus[0])
-        cl.kfd.ioctl("SMI_EVENTS", args)
-        fd = args.anon_fd
-        os.set_blocking(fd, False)
-        mask = c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_EVICTION) | \
-            c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_RESTORE)
-        os.write(fd, mask.to_bytes(8, "little"))
-        time.sleep(0.05)
+        fd = cl.open_smi(cl.gpus[0], c.KFD_SMI_EVENT_QUEUE_EVICTION, c.KFD_SMI_EVENT_QUEUE_RESTORE)
         with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
             mech.suspend([qid])
             mech.resume([qid])

@@ -306,14 +306,7 @@ def test_smi_events_eviction_and_restore(client):
     import fcntl
     gpu = client.gpus[0]
     client.rt.create_queue(gpu)
-    args = s.kfd_ioctl_smi_events_args(gpuid=gpu)
-    client.kfd.ioctl("SMI_EVENTS", args)
-    fd = args.anon_fd
-    os.set_blocking(fd, False)
-    mask = c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_EVICTION) | \
-        c.KFD_SMI_EVENT_MASK_FROM_INDEX(c.KFD_SMI_EVENT_QUEUE_RESTORE)
-    os.write(fd, mask.to_bytes(8, "little"))
-    time.sleep(0.05)
+    fd = client.open_smi(gpu, c.KFD_SMI_EVENT_QUEUE_EVICTION, c.KFD_SMI_EVENT_QUEUE_RESTORE)
     with pytest.raises(BlockingIOError):
         os.read(fd, 4096)                 # empty fifo: EAGAIN
     client.ctl("evict", pid=os.getpid(), trigger=2)
