@@ -12,12 +12,15 @@ class FakeGPU:
         self.lock = threading.Lock()
         self.busy_until = time.monotonic()
         self.launched = []
+        self.queued_for = {}
 
     def launch(self, name, seconds):
         with self.lock:
-            start = max(time.monotonic(), self.busy_until)
+            now = time.monotonic()
+            start = max(now, self.busy_until)
             self.busy_until = start + seconds
             self.launched.append((name, start, self.busy_until))
+            self.queued_for[len(self.launched) - 1] = start - now      # GPU work ahead of it
             return self.busy_until
 
 
