@@ -47,7 +47,7 @@ def make(gpu):
     torch.nn = nn
 
     class Event:
-        def __init__(self, enable_timing=False):
+        def __init__(self, enable_timing=False, blocking=False):
             self.at = None
 
         def record(self, stream=None):

@@ -33,7 +33,8 @@ class TorchRecorder:
         self.torch = torch
 
     def record(self):
-        event = self.torch.cuda.Event()
+        # blocking: synchronize() sleeps instead of spinning in the driver next to our launches
+        event = self.torch.cuda.Event(blocking=True)
         event.record()
         return event
 
