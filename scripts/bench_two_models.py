@@ -142,7 +142,7 @@ def _proc_main(role, variant, batch, seconds, window_us, start_at, queue):
     import torch
     torch.backends.cudnn.benchmark = False
     hp_s, lp_s = streams(variant)
-    if variant == "xsched":
+    if variant in ("xsched", "lp-alone-xsched"):
         # what `xsched-lv3 run --priority N` sets up in each process
         os.environ["XSCHED_LV3_PRIORITY"] = "10" if role == "hp" else "0"
         os.environ["XSCHED_LV3_WINDOW_US"] = "0" if role == "hp" else str(window_us)
@@ -161,7 +161,7 @@ def run_processes(variant, batch, seconds, window_us):
     q = ctx.Queue()
     start_at = time.monotonic() + 15.0          # CLOCK_MONOTONIC is system-wide
     roles = [r for r in ("hp", "lp") if not (variant == "hp-alone" and r == "lp") and
-             not (variant == "lp-alone" and r == "hp")]
+             not (variant.startswith("lp-alone") and r == "hp")]
     procs = [ctx.Process(target=_proc_main, args=(r, variant, batch, seconds, window_us, start_at, q)) for r in roles]
     for p in procs:
         p.start()

@@ -31,10 +31,13 @@ class TorchRecorder:
     def __init__(self):
         import torch
         self.torch = torch
+        # Blocking-sync events sleep instead of spinning in the driver. On an H200 they helped HP
+        # latency in one process and cost LP throughput across processes
+        # (results/bench_two_models_b16_blocking.json), so they are opt-in.
+        self.blocking = os.environ.get("XSCHED_LV3_BLOCKING_EVENTS") == "1"
 
     def record(self):
-        # blocking: synchronize() sleeps instead of spinning in the driver next to our launches
-        event = self.torch.cuda.Event(blocking=True)
+        event = self.torch.cuda.Event(blocking=self.blocking)
         event.record()
         return event
 

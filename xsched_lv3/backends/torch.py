@@ -19,7 +19,7 @@ class TorchHwQueue(HwQueue):
             fn()
 
     def record_sync_point(self):
-        event = self.torch.cuda.Event(blocking=True)
+        event = self.torch.cuda.Event()
         event.record(self.stream)
         return event
 
