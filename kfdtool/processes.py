@@ -9,10 +9,12 @@ import pwd
 import re
 from dataclasses import dataclass, field
 
-import psutil
-
-from .ioctls.constants import SYSFS_QUEUE_TYPES_L72, SYSFS_QUEUE_TYPES_L612
 from .sysfs import SysfsRoot
+
+# Kernel-internal queue types as sysfs prints them in proc/<pid>/queues/<qid>/type: not the ioctl
+# KFD_IOC_QUEUE_TYPE_* values, and the numbering moved when DIQ was removed (kfd_priv.h, 6.12 vs 7.2).
+SYSFS_QUEUE_TYPES_L612 = {0: "compute", 1: "sdma", 2: "hiq", 3: "diq", 4: "sdma_xgmi", 5: "sdma_by_eng_id"}
+SYSFS_QUEUE_TYPES_L72 = {0: "compute", 1: "sdma", 2: "hiq", 3: "sdma_xgmi", 4: "sdma_by_eng_id"}
 
 _PER_GPU = re.compile(r"^(vram|sdma)_(\d+)$")
 
@@ -151,6 +153,7 @@ _users = {}
 def enrich(proc):
     """Name, user, cmdline and container pid. psutil gives name and cmdline (and knows how to fail);
     /proc/<pid>/status gives uid and NSpid in one read. False if the pid is gone."""
+    import psutil
     try:
         p = psutil.Process(proc.pid)
         with p.oneshot():

@@ -3,7 +3,6 @@ import argparse
 import os
 import signal
 
-from ..sim import runner
 from ..sysfs import SysfsRoot
 from . import cwsr_cmd, preempt_cmd, queues_cmd, topology_cmd
 from .context import Context
@@ -27,6 +26,7 @@ def add_parser(sub):
 
 
 def run(args, ctx):
+    from ..sim import runner
     out = console()
     was_running = runner.machine(args.machine).is_running()
     sim = runner.start(args.machine)

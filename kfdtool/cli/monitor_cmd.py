@@ -3,8 +3,6 @@ topology changes (generation_id) and, where udev is available, GPU hotplug event
 import argparse
 import time
 
-from rich.live import Live
-
 from ..cwsr.holds import for_each_hold
 from ..processes import scan_processes
 from ..sysfs import read_int
@@ -46,6 +44,7 @@ def _render(ctx, previous, dt, notes):
 
 
 def run(args, ctx):
+    from rich.live import Live
     if args.interval <= 0:
         raise ValueError("interval must be > 0")
     notes = []

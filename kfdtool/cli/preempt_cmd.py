@@ -8,11 +8,7 @@ import sys
 import threading
 import time
 
-from ..cwsr.debugtrap import DebugTrapSuspend, recover
-from ..cwsr.holds import Hold
-from ..cwsr.patched import PatchedIoctlSuspend
 from ..errors import NoSuchProcess
-from ..topology import read_topology
 from .render import console, human_bytes, print_json, table
 
 PREEMPT_HELP = "suspend a process's GPU queues (CWSR wave save) and resume them"
@@ -85,6 +81,10 @@ def _select(entries, args):
 
 
 def run_preempt(args, ctx):
+    from ..cwsr.debugtrap import DebugTrapSuspend
+    from ..cwsr.holds import Hold
+    from ..cwsr.patched import PatchedIoctlSuspend
+    from ..topology import read_topology
     if not (ctx.sysfs.proc / str(args.pid)).is_dir():
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
     topo = read_topology(ctx.sysfs)
@@ -155,6 +155,7 @@ def _print_outcomes(title, outcomes):
 
 
 def run_resume(args, ctx):
+    from ..cwsr.debugtrap import recover
     if not (ctx.sysfs.proc / str(args.pid)).is_dir():
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
     kfd = ctx.open_device()

@@ -4,17 +4,17 @@ import json
 import os
 import sys
 
-from rich.console import Console
-from rich.table import Table
 
 
 def console():
+    from rich.console import Console       # imported on first use: --json runs never pay for rich
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
     return Console(width=width, soft_wrap=False, highlight=False)
 
 
 def table(title, columns, rows, caption=None):
     """Columns: ">NAME" right-aligned, "~NAME" may wrap (long text), else left-aligned."""
+    from rich.table import Table
     t = Table(title=title, caption=caption, show_lines=False, header_style="bold", title_justify="left")
     for col in columns:
         t.add_column(col.lstrip(">~"), justify="right" if col.startswith(">") else "left",

@@ -4,8 +4,7 @@ import subprocess
 import sys
 
 from ..errors import SimulatorError
-from ..sim import runner
-from ..sim.machine import PRESETS, PROFILES
+from ..sim import ABIS
 from .render import console, table
 
 HELP = "run a simulated KFD machine (no AMD GPU needed)"
@@ -26,7 +25,7 @@ def add_parser(sub):
     s.add_parser("list", help="list simulated machines").set_defaults(run=run_list)
     start = s.add_parser("start", help="start a simulated machine")
     start.add_argument("machine")
-    start.add_argument("--abi", default="1.23", choices=sorted(PROFILES), help="KFD ABI version (default 1.23)")
+    start.add_argument("--abi", default="1.23", choices=ABIS, help="KFD ABI version (default 1.23)")
     start.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="amdgpu module parameter, e.g. sched_policy=2")
     start.set_defaults(run=run_start)
@@ -48,6 +47,7 @@ def add_parser(sub):
 
 
 def run_list(args, ctx):
+    from ..sim.machine import PRESETS
     console().print(table("simulated machines", ["NAME", "DESCRIPTION"],
                           [(p.name, p.description) for p in PRESETS.values()]))
     return 0
@@ -64,17 +64,20 @@ def _params(items):
 
 
 def run_start(args, ctx):
+    from ..sim import runner
     sim = runner.start(args.machine, args.abi, _params(args.param))
     print(f"simulated {args.machine} running (KFD ABI {args.abi}); sysfs root {sim.sysfs_root}")
     return 0
 
 
 def run_stop(args, ctx):
+    from ..sim import runner
     print(f"stopped {args.machine}" if runner.stop(args.machine) else f"{args.machine} was not running")
     return 0
 
 
 def run_status(args, ctx):
+    from ..sim import runner
     sim = runner.machine(args.machine)
     if not sim.is_running():
         print(f"{args.machine}: not running")
@@ -104,6 +107,7 @@ def spawn_workload(machine, role, gpus=1, first_gpu=0, queues=2, sdma=0, waves=5
 
 
 def run_workload(args, ctx):
+    from ..sim import runner
     sim = runner.machine(args.machine)
     if not sim.is_running():
         raise SimulatorError(f"simulated {args.machine} is not running; start it with `kfdtool sim start {args.machine}`")

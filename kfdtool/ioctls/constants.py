@@ -255,11 +255,6 @@ class kfd_ioctl_svm_attr_type(enum.IntEnum):
     KFD_IOCTL_SVM_ATTR_GRANULARITY = 7
 
 
-# Kernel-internal queue types as printed in sysfs proc/<pid>/queues/<qid>/type. They are not the
-# ioctl KFD_IOC_QUEUE_TYPE_* values, and the numbering moved when DIQ was removed (kfd_priv.h).
-SYSFS_QUEUE_TYPES_L612 = {0: "compute", 1: "sdma", 2: "hiq", 3: "diq", 4: "sdma_xgmi", 5: "sdma_by_eng_id"}
-SYSFS_QUEUE_TYPES_L72 = {0: "compute", 1: "sdma", 2: "hiq", 3: "sdma_xgmi", 4: "sdma_by_eng_id"}
-
 
 # Like the C header, every enumerator is also a module-level constant (EC_QUEUE_NEW, ...).
 for _enum in [v for v in dict(globals()).values() if isinstance(v, type) and issubclass(v, enum.Enum)

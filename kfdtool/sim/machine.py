@@ -15,6 +15,7 @@ from pathlib import Path
 from ..cwsr.sizing import cwsr_sizes
 from ..ioctls.history import KfdAbi
 from ..sysfs import parse_properties
+from . import ABIS
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ PROFILES = {
     "1.17": KernelProfile(KfdAbi(17), "6.12.117-kfdtool-sim", False, False, True, False, True),
     "1.23": KernelProfile(KfdAbi(23), "7.2.13-kfdtool-sim", True, True, False, True, False),
 }
+
+assert tuple(PROFILES) == ABIS
 
 DEFAULT_PARAMETERS = {          # amdgpu module parameters (kfd-abi.md §6.1) at their defaults
     "sched_policy": 0, "hws_max_conc_proc": -1, "cwsr_enable": 1, "max_num_of_queues_per_device": 4096,
