@@ -306,3 +306,17 @@ def test_debug_trap_suspend_emits_no_smi_events_eviction_does(sim):
         os.close(fd)
     finally:
         cl.close()
+
+
+def test_works_as_the_targets_ptrace_parent(sim, victim):
+    """Already its tracer (e.g. a launcher that ptraces): no second attach, DBG_TRAP allowed."""
+    ptrace.seize(victim)
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim) as mech:
+            assert ptrace.tracer_of(victim) == os.getpid()
+            assert [o.outcome for o in mech.suspend([0])] == ["suspended"]
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        kfd.close()
+        ptrace.detach(victim)

@@ -17,6 +17,7 @@ from ..errors import ENOTSUPP
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
+from ..sysfs import SysfsRoot
 from ..topology import read_topology
 from .errors import Blocked, SimErrno
 from .memory import BufferObject, access_ok, page_align
@@ -61,7 +62,7 @@ class SimKfd:
                 gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
         self.processes = {}
         self.patched_preempt = False
-        self.sysfs = ProcSysfs(self.topology_root(sysfs_root), profile)
+        self.sysfs = ProcSysfs(SysfsRoot(sysfs_root).proc, profile)
         self.smi = SmiHub(profile)
         self.timing = TimingModel(self)
         self._handlers = {
@@ -84,11 +85,6 @@ class SimKfd:
         self.dbg = DbgTrap(self)
         self._handlers["RUNTIME_ENABLE"] = self.dbg.runtime_enable
         self._handlers["DBG_TRAP"] = self.dbg.dbg_trap
-
-    @staticmethod
-    def topology_root(sysfs_root):
-        from ..sysfs import SysfsRoot
-        return SysfsRoot(sysfs_root).proc
 
     # --- process lifetime ---------------------------------------------------------------------
     def open_process(self, pid, uid):
