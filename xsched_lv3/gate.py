@@ -17,7 +17,7 @@ REAP_EVERY_S = 0.05
 
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=300.0, board=None, name=None, **hints):
-        self.recorder = recorder              # record() -> handle; done(handle); wait(handle)
+        self.recorder = recorder              # record() -> handle; wait(handle)
         self.board = board or Board()
         self.slot = self.board.allocate(os.getpid(), priority, threading.get_native_id())
         for key, value in hints.items():

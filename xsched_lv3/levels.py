@@ -36,9 +36,6 @@ class HwQueue(ABC):
     def wait_sync_point(self, handle):
         """Block until `handle` completed."""
 
-    def sync_point_done(self, handle):
-        self.wait_sync_point(handle)
-        return True
 
     def deactivate(self):
         raise LevelUnsupported(self, Level.DEACTIVATE)

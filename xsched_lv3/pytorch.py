@@ -41,9 +41,6 @@ class TorchRecorder:
         event.record()
         return event
 
-    def done(self, event):
-        return event.query()
-
     def wait(self, event):
         event.synchronize()         # releases the GIL while it waits
 

@@ -19,6 +19,7 @@ from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
 from ..sysfs import SysfsRoot
 from ..topology import read_topology
+from .dbg_trap import DbgTrap
 from .errors import Blocked, SimErrno
 from .memory import BufferObject, access_ok, page_align
 from .proc_sysfs import SYSFS_COMPUTE, SYSFS_SDMA, ProcSysfs
@@ -81,7 +82,6 @@ class SimKfd:
             "SET_XNACK_MODE": self.set_xnack_mode, "SMI_EVENTS": self.smi_events,
             "CRIU_OP": self.criu_op, "PROFILER": self.profiler,
         }
-        from .dbg_trap import DbgTrap          # noqa: E402  (needs self fully built)
         self.dbg = DbgTrap(self)
         self._handlers["RUNTIME_ENABLE"] = self.dbg.runtime_enable
         self._handlers["DBG_TRAP"] = self.dbg.dbg_trap

@@ -1,5 +1,6 @@
 """Loaded by `xsched-lv3 run` children (PYTHONPATH): schedule PyTorch as soon as it is imported."""
 import importlib.abc
+import importlib.util
 import sys
 
 
@@ -19,7 +20,5 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         loader.exec_module = exec_module
         return spec
 
-
-import importlib.util  # noqa: E402
 
 sys.meta_path.insert(0, _AfterTorch())

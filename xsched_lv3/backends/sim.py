@@ -82,9 +82,6 @@ class SimHwQueue(HwQueue):
             while self._completed < handle:
                 self.gpu.cv.wait()
 
-    def sync_point_done(self, handle):
-        with self.gpu.cv:
-            return self._completed >= handle
 
     def synchronize(self):
         self.wait_sync_point(self.record_sync_point())

@@ -27,8 +27,6 @@ class TorchHwQueue(HwQueue):
         while not handle.query():          # poll: never hold the GIL across a GPU wait
             time.sleep(10e-6)
 
-    def sync_point_done(self, handle):
-        return handle.query()
 
     def synchronize(self):
         self.stream.synchronize()
