@@ -46,7 +46,8 @@ class kfd_ioctl_create_queue_args(KfdStruct):
         ("queue_percentage", u32), ("queue_priority", u32), ("queue_id", u32),
         ("eop_buffer_address", u64), ("eop_buffer_size", u64), ("ctx_save_restore_address", u64),
         ("ctx_save_restore_size", u32), ("ctl_stack_size", u32),
-        ("sdma_engine_id", u32), ("metadata_ring_size", u32)]
+        ("sdma_engine_id", u32),          # 1.17+
+        ("metadata_ring_size", u32)]      # 1.22+ (a pad before)
 
 
 class kfd_ioctl_destroy_queue_args(KfdStruct):
@@ -115,6 +116,7 @@ class kfd_ioctl_get_process_apertures_new_args(KfdStruct):
     _fields_ = [("kfd_process_device_apertures_ptr", u64), ("num_of_nodes", u32), ("pad", u32)]
 
 
+# --- deprecated debugger (0x0D-0x10): kept for ABI completeness ------------------------------
 class kfd_ioctl_dbg_register_args(KfdStruct):
     _fields_ = [("gpu_id", u32), ("pad", u32)]
 
@@ -131,6 +133,7 @@ class kfd_ioctl_dbg_wave_control_args(KfdStruct):
     _fields_ = [("content_ptr", u64), ("gpu_id", u32), ("buf_size_in_bytes", u32)]
 
 
+# --- events -------------------------------------------------------------------------------------
 class kfd_ioctl_create_event_args(KfdStruct):
     _fields_ = [
         ("event_page_offset", u64), ("event_trigger_data", u32), ("event_type", u32),
@@ -203,6 +206,7 @@ class kfd_ioctl_acquire_vm_args(KfdStruct):
     _fields_ = [("drm_fd", u32), ("gpu_id", u32)]
 
 
+# --- memory -------------------------------------------------------------------------------------
 class kfd_ioctl_alloc_memory_of_gpu_args(KfdStruct):
     _fields_ = [
         ("va_addr", u64), ("size", u64), ("handle", u64), ("mmap_offset", u64), ("gpu_id", u32), ("flags", u32)]
@@ -244,6 +248,7 @@ class kfd_ioctl_smi_events_args(KfdStruct):
     _fields_ = [("gpuid", u32), ("anon_fd", u32)]
 
 
+# --- CRIU ---------------------------------------------------------------------------------------
 class kfd_ioctl_criu_args(KfdStruct):
     _fields_ = [
         ("devices", u64), ("bos", u64), ("priv_data", u64), ("priv_data_size", u64),
@@ -260,6 +265,7 @@ class kfd_criu_bo_bucket(KfdStruct):
         ("alloc_flags", u32), ("dmabuf_fd", u32), ("pad", u32)]
 
 
+# --- SVM ----------------------------------------------------------------------------------------
 class kfd_ioctl_svm_attribute(KfdStruct):
     _fields_ = [("type", u32), ("value", u32)]
 
@@ -267,13 +273,14 @@ class kfd_ioctl_svm_attribute(KfdStruct):
 class kfd_ioctl_svm_args(KfdStruct):
     _fields_ = [
         ("start_addr", u64), ("size", u64), ("op", u32), ("nattr", u32),
-        ("attrs", kfd_ioctl_svm_attribute * 0)]
+        ("attrs", kfd_ioctl_svm_attribute * 0)]      # flexible array member
 
 
 class kfd_ioctl_set_xnack_mode_args(KfdStruct):
     _fields_ = [("xnack_enabled", i32)]
 
 
+# --- debugger API (1.13+) -------------------------------------------------------------------------
 class kfd_runtime_info(KfdStruct):
     _fields_ = [("r_debug", u64), ("runtime_state", u32), ("ttmp_setup", u32)]
 
@@ -392,6 +399,7 @@ class kfd_ioctl_dbg_trap_args(KfdStruct):
     _fields_ = [("pid", u32), ("op", u32), ("_u", _kfd_ioctl_dbg_trap_union)]
 
 
+# --- profiler (1.23) ------------------------------------------------------------------------------
 class kfd_ioctl_pmc_settings(KfdStruct):
     _fields_ = [("gpu_id", u32), ("lock", u32), ("perfcount_enable", u32)]
 
