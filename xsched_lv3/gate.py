@@ -17,7 +17,7 @@ REAP_EVERY_S = 0.05
 
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=300.0, board=None, name=None, **hints):
-        self.recorder = recorder              # record() -> handle; wait(handle)
+        self.recorder = recorder              # record(blocking=False) -> handle; wait(handle)
         self.board = board or Board()
         self.slot = self.board.allocate(os.getpid(), priority, threading.get_native_id())
         for key, value in hints.items():
@@ -47,7 +47,7 @@ class Gate:
 
     def end_request(self):
         """Work of this request is launched; the client is idle once it completes on the GPU."""
-        handle = self.recorder.record()
+        handle = self.recorder.record(blocking=True)       # waited on by the watcher, off the hot path
         with self._watch_cv:
             self._watch.append((self._requests, handle))
             self._watch_cv.notify()

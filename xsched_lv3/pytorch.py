@@ -31,13 +31,15 @@ class TorchRecorder:
     def __init__(self):
         import torch
         self.torch = torch
-        # Blocking-sync events sleep instead of spinning in the driver. On an H200 they helped HP
-        # latency in one process and cost LP throughput across processes
-        # (results/bench_two_models_b16_blocking.json), so they are opt-in.
-        self.blocking = os.environ.get("XSCHED_LV3_BLOCKING_EVENTS") == "1"
 
-    def record(self):
-        event = self.torch.cuda.Event(blocking=self.blocking)
+    def record(self, blocking=False):
+        """blocking=True for waits off the hot path (request completion): the waiting thread then
+        sleeps instead of spinning in the driver next to the launching thread. Window sync points
+        stay spinning, because their wake-up latency is launch latency. On an H200, spinning
+        everywhere cost LP-alone b16 26 % of its throughput and blocking everywhere cost the
+        cross-process LP more (results/bench_two_models_overhead.json, ..._b16_blocking.json);
+        this split was chosen from those two runs and has not been measured itself."""
+        event = self.torch.cuda.Event(blocking=blocking)
         event.record()
         return event
 
