@@ -124,3 +124,44 @@ def test_run_sets_up_the_child(tmp_path):
     probe = "import os, sys; print(os.environ['XSCHED_LV3_PRIORITY'], any('_boot' in p for p in sys.path))"
     result = xsched("run", "--priority", "4", "--", sys.executable, "-c", probe)
     assert result.returncode == 0 and result.stdout.split() == ["4", "True"]
+
+
+FAKE_TORCH_PKG = '''
+class _Module:
+    def __init__(self):
+        self._modules = {}
+    def __call__(self, *a, **k):
+        return self.forward(*a, **k)
+    def forward(self, x):
+        return x
+class _NN:
+    Module = _Module
+nn = _NN()
+class _Event:
+    def __init__(self, enable_timing=False, blocking=False):
+        pass
+    def record(self, stream=None):
+        pass
+    def query(self):
+        return True
+    def synchronize(self):
+        pass
+class _Cuda:
+    Event = _Event
+cuda = _Cuda()
+'''
+
+
+def test_run_schedules_an_unmodified_torch_program(tmp_path):
+    """`xsched-lv3 run` hooks the import of torch: the program's module calls go through a gate
+    registered on the board with the priority given on the command line."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH_PKG)
+    program = ("import torch, xsched_lv3.pytorch as xt, time\n"
+               "m = torch.nn.Module(); m(1)\n"
+               "g = xt._process_gate\n"
+               "print(g is not None, g.board.read_slot(g.slot)[1])\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), XSCHED_LV3_BOARD=str(tmp_path / "board"))
+    result = xsched("run", "--priority", "6", "--", sys.executable, "-c", program, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "6"]
