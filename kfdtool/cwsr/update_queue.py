@@ -51,17 +51,25 @@ class UpdateQueueSuspend(Mechanism):
         self.kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(q.ring_base, q.qid, q.ring_size,
                                                                      percentage, q.priority))
 
-    def suspend(self, qids=None, grace_period=None):
-        outcomes = []
-        for qid in (sorted(self.queues) if qids is None else qids):
+    def _each(self, qids, percentage):
+        """UPDATE_QUEUE each queue to `percentage`; yields (qid, queue, outcome or None if it worked)."""
+        for qid in qids:
             q = self.queues.get(qid)
             if q is None:
-                outcomes.append(QueueOutcome(qid, "not-found", detail="not one of this process's known queues"))
+                yield qid, None, QueueOutcome(qid, "not-found", detail="not one of this process's known queues")
                 continue
             try:
-                self._update(q, 0)
+                self._update(q, percentage)
             except KfdIoctlError as e:
-                outcomes.append(QueueOutcome(qid, "error", detail=str(e)))
+                yield qid, q, QueueOutcome(qid, "error", detail=str(e))
+                continue
+            yield qid, q, None
+
+    def suspend(self, qids=None, grace_period=None):
+        outcomes = []
+        for qid, q, failed in self._each(sorted(self.queues) if qids is None else qids, 0):
+            if failed:
+                outcomes.append(failed)
                 continue
             outcome = QueueOutcome(qid, "already" if qid in self._held else "suspended")
             self._held.add(qid)
@@ -80,15 +88,9 @@ class UpdateQueueSuspend(Mechanism):
 
     def resume(self, qids=None):
         outcomes = []
-        for qid in (sorted(self._held) if qids is None else qids):
-            q = self.queues.get(qid)
-            if q is None:
-                outcomes.append(QueueOutcome(qid, "not-found"))
-                continue
-            try:
-                self._update(q, 100)
-            except KfdIoctlError as e:
-                outcomes.append(QueueOutcome(qid, "error", detail=str(e)))
+        for qid, _, failed in self._each(sorted(self._held) if qids is None else qids, 100):
+            if failed:
+                outcomes.append(failed)
                 continue
             self._held.discard(qid)
             outcomes.append(QueueOutcome(qid, "resumed"))

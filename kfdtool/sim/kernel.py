@@ -292,7 +292,6 @@ class SimKfd:
         q.sync_progress()
         proc.queues.pop(q.qid, None)
         self.sysfs.remove_queue(proc.pid, q.qid)
-        self.timing.queue_removed(proc, q)
 
     def update_queue(self, proc, a, mem, uid):
         """kfd_ioctl_update_queue + pqm_update_queue_properties + update_queue (kfd-abi.md §2a)."""

@@ -100,9 +100,6 @@ class TimingModel:
             self.pending.restore_s += q.saved_wave_bytes / self.bandwidth(dev)
         q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
 
-    def queue_removed(self, proc, q):
-        pass
-
     def settle(self):
         """Pay the accumulated cost of the request just handled (called by the server). Queues of
         every process on a remapped HWS device make no progress meanwhile."""
