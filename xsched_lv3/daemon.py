@@ -13,6 +13,8 @@ import signal
 import socket
 import struct
 
+from kfdtool.pids import ExitWatch
+
 from .board import Board, default_path
 from .policy import POLICIES, check_hint
 
@@ -42,7 +44,7 @@ class Daemon:
         self.board = Board(board_path or default_path())
         self.board.set_policy(policy)
         self.sel = selectors.DefaultSelector()
-        self.pidfds = {}
+        self.exits = ExitWatch(self.sel)
         self.running = True
 
     def serve(self, ready=None):
@@ -119,20 +121,11 @@ class Daemon:
         return {"error": f"unknown op {op!r}; one of register, status, hint, policy"}
 
     def _watch(self, pid):
-        if pid in self.pidfds:
-            return
-        try:
-            fd = os.pidfd_open(pid)
-        except (ProcessLookupError, OSError):
-            self.board.reap()
-            return
-        self.pidfds[pid] = fd
-        self.sel.register(fd, selectors.EVENT_READ, ("pidfd", pid))
+        if not self.exits.watch(pid):
+            self.board.reap()              # already gone: release its slots now
 
     def _on_exit(self, pid):
-        fd = self.pidfds.pop(pid)
-        self.sel.unregister(fd)
-        os.close(fd)
+        self.exits.exited(pid)
         for slot, owner, *_ in self.board.clients():
             if owner == pid:
                 self.board.release(slot)

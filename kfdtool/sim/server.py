@@ -17,6 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..pids import ExitWatch
 from .errors import Blocked, SimErrno
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
@@ -50,7 +51,7 @@ class SimServer:
         self.kfd.timing.realtime = realtime
         self.kfd.smi.on_close = self._forget
         self.sel = selectors.DefaultSelector()
-        self.pidfds = {}              # pid -> pidfd
+        self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.blocked = []             # (conn, Blocked, out bytes)
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
@@ -131,23 +132,11 @@ class SimServer:
             return
         conn.kfd_open = True
         self.opens += 1
-        self._watch(conn.pid)
+        self.exits.watch(conn.pid)
         self.kfd.open_process(conn.pid, conn.uid)
 
-    def _watch(self, pid):
-        if pid in self.pidfds:
-            return
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        self.pidfds[pid] = fd
-        self.sel.register(fd, selectors.EVENT_READ, ("pidfd", pid))
-
     def _on_exit(self, pid):
-        fd = self.pidfds.pop(pid)
-        self.sel.unregister(fd)
-        os.close(fd)
+        self.exits.exited(pid)
         self.kfd.release_process(pid)
         self.kfd.timing.settle()
 
@@ -242,8 +231,7 @@ class SimServer:
         """Make an existing OS process a KFD process with queues, without it speaking the
         protocol (cheap bulk workloads for benchmarks); it is released when it exits."""
         pid = int(msg["pid"])
-        self._watch(pid)
-        if pid not in self.pidfds:
+        if not self.exits.watch(pid):
             raise ValueError(f"pid {pid} does not exist")
         proc = self.kfd.open_process(pid, int(msg.get("uid", conn.uid)))
         proc.runtime_state = 1
