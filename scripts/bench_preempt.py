@@ -51,8 +51,8 @@ def ipc_overhead(kfd, n=300):
 
 
 def bench_machine(machine_name, rounds):
-    from kfdtool.sim import runner
-    from kfdtool.sim.timing import TimingModel
+    from kfdtool.cwsr.sizing import cwsr_sizes
+    from kfdtool.sim import runner, timing
     from kfdtool.sim.workload import FakeRuntime
     sim = runner.start(machine_name, realtime=True)
     kfd = KfdDevice(sim.open_kfd())
@@ -66,13 +66,9 @@ def bench_machine(machine_name, rounds):
     assert status["gpus"][0] == gpu.gpu_id
     rows = []
     try:
-        from kfdtool.cwsr.sizing import cwsr_sizes
-        sizes = cwsr_sizes(gpu.props)
-        model = TimingModel.__new__(TimingModel)
-        waves_max = gpu.cu_count * 40
-        dev = type("Dev", (), {"node": gpu, "cwsr": sizes, "uses_mes": False, "cwsr_enabled": True})()
-        bandwidth = TimingModel.bandwidth(model, dev)
-        per_wave = TimingModel.bytes_per_wave(model, dev)
+        waves_max = timing.max_waves(gpu)
+        bandwidth = timing.bandwidth(gpu)
+        per_wave = timing.bytes_per_wave(gpu, cwsr_sizes(gpu.props))
         mechanisms = {
             "debug-trap": DebugTrapSuspend(kfd, os.getpid(), read_wave_state=False),
             "update-queue": UpdateQueueSuspend(kfd, [OwnQueue(qid, rt.queues[qid]["ring_base"],

@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,20 +28,34 @@ from xsched_lv3.backends.sim import SimGPU, SimHwQueue  # noqa: E402
 
 HP_KERNELS, HP_KERNEL_US, HP_RATE = 60, 35, 20.0
 LP_KERNELS = 160
-# MI308X CPX partition (20 CUs, 1 XCC): kfdtool.sim.timing's constants
-REMAP_S = 40e-6 + 1.5e-6 * 2
-WAVES, BYTES_PER_WAVE, BANDWIDTH = 800, 14_800, 5.3e12 / 4
+
+
+def mi308x_switch_seconds():
+    """kfdtool.sim.timing's cost of one CWSR switch of a full queue on one MI308X CPX partition:
+    HWS remap with the two queues mapped + save of every resident wave at the partition's HBM share."""
+    from kfdtool.cwsr.sizing import cwsr_sizes
+    from kfdtool.sim import timing
+    from kfdtool.sim.machine import PROFILES, materialize
+    from kfdtool.topology import read_topology
+    with tempfile.TemporaryDirectory() as root:
+        materialize("mi308x", root, PROFILES["1.23"])
+        node = next(read_topology(root).for_each_gpu())
+    saved = timing.max_waves(node) * timing.bytes_per_wave(node, cwsr_sizes(node.props))
+    return timing.HWS_REMAP_BASE_S + 2 * timing.HWS_REMAP_PER_QUEUE_S + saved / timing.bandwidth(node)
+
+
+SWITCH_S = None
 
 
 class ModeledLv3(SimHwQueue):
     """Interrupt/restore that take the simulated MI308X's modelled CWSR time."""
 
     def interrupt(self):
-        _pause(REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH)
+        _pause(SWITCH_S)
         super().interrupt()
 
     def restore(self):
-        _pause(REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH)
+        _pause(SWITCH_S)
         super().restore()
 
 
@@ -120,6 +135,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", default=str(REPO / "results" / "bench_sim_levels"))
     args = parser.parse_args()
+    global SWITCH_S
+    SWITCH_S = mi308x_switch_seconds()
     rows = []
     hp_alone = run("hp-alone", 0, args.seconds)
     rows.append(hp_alone)
@@ -136,7 +153,7 @@ def main():
             print(label, {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
     doc = {"benchmark": "two models on the simulated MI308X (CPX partition): Lv1 vs Lv3", "simulation": True,
            "note": "virtual GPU in Python; absolute times are the model's, only ratios within this run mean much",
-           "modelled_lv3_switch_us": (REMAP_S + WAVES * BYTES_PER_WAVE / BANDWIDTH) * 1e6, "rows": rows}
+           "modelled_lv3_switch_us": SWITCH_S * 1e6, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}.json")

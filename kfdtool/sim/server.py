@@ -24,6 +24,7 @@ from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
 from .protocol import IOCTL, REPLY, frame, pack_regions, send_json, unpack_regions
 from .state import SimQueue
+from .timing import max_waves
 
 CRED = struct.Struct("3i")
 
@@ -254,7 +255,7 @@ class SimServer:
         for q in proc.queues.values():
             if msg.get("qid") is None or q.qid == int(msg["qid"]):
                 q.sync_progress()
-                q.resident_waves = min(int(msg["waves"]), self.kfd.timing.max_waves(self.kfd.devices[q.gpu_id]))
+                q.resident_waves = min(int(msg["waves"]), max_waves(self.kfd.devices[q.gpu_id].node))
                 q.sync_progress()
         self._refresh_occupancy(proc)
         return {}

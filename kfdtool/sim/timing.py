@@ -22,6 +22,24 @@ MES_REMOVE_ADD_S = 60e-6            # ESTIMATE: MES REMOVE_QUEUE/ADD_QUEUE round
 WAVES_PER_CU_GFX9 = 40              # formula's cu_num*40 wave slots (kfd_queue.c)
 
 
+def bandwidth(node):
+    """HBM bandwidth available to one topology node; partitions share their device's HBM."""
+    device_id = node.props.get("device_id", 0)
+    full = HBM_BANDWIDTH.get(device_id, DEFAULT_BANDWIDTH)
+    return full * min(1.0, node.num_xcc / TOTAL_XCC.get(device_id, node.num_xcc))
+
+
+def bytes_per_wave(node, cwsr):
+    """Wave state CWSR saves per resident wave: a CU's context area over its wave slots."""
+    if cwsr is None or not node.cu_count:
+        return 0
+    return cwsr.wg_data_size // max(1, node.cu_per_xcc) // WAVES_PER_CU_GFX9
+
+
+def max_waves(node):
+    return node.cu_count * WAVES_PER_CU_GFX9
+
+
 @dataclass
 class PreemptCost:
     remap_s: float = 0.0
@@ -44,21 +62,6 @@ class TimingModel:
         self.last = PreemptCost()
 
     # --- per-device facts -------------------------------------------------------------------------
-    def bandwidth(self, dev):
-        device_id = dev.node.props.get("device_id", 0)
-        full = HBM_BANDWIDTH.get(device_id, DEFAULT_BANDWIDTH)
-        share = dev.node.num_xcc / TOTAL_XCC.get(device_id, dev.node.num_xcc)   # partitions share HBM
-        return full * min(1.0, share)
-
-    def bytes_per_wave(self, dev):
-        if dev.cwsr is None or not dev.node.cu_count:
-            return 0
-        per_cu = dev.cwsr.wg_data_size // max(1, dev.node.cu_per_xcc)
-        return per_cu // WAVES_PER_CU_GFX9
-
-    def max_waves(self, dev):
-        return dev.node.cu_count * WAVES_PER_CU_GFX9
-
     def grace_seconds(self, dev, grace_period):
         """SCH_WAVE counts 1K GPU clocks, 8 bits wide; 0 is forced to 1; MES ignores it."""
         if grace_period is None or dev.uses_mes:
@@ -88,16 +91,16 @@ class TimingModel:
             q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
             self.pending.grace_s = max(self.pending.grace_s, 1e-3 if waves else 0.0)  # drain
             return
-        saved = waves * self.bytes_per_wave(dev)
+        saved = waves * bytes_per_wave(dev.node, dev.cwsr)
         q.saved_wave_bytes = saved
         per_xcc_waves = -(-waves // dev.node.num_xcc) if waves else 0
         q.saved_ctl_stack_bytes = min(q.ctl_stack_size, 40 + 8 * per_xcc_waves + 8) if waves else 0
         self.pending.saved_bytes += saved
-        self.pending.save_s += saved / self.bandwidth(dev)
+        self.pending.save_s += saved / bandwidth(dev.node)
 
     def restore_waves(self, dev, q):
         if q.saved_wave_bytes:
-            self.pending.restore_s += q.saved_wave_bytes / self.bandwidth(dev)
+            self.pending.restore_s += q.saved_wave_bytes / bandwidth(dev.node)
         q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
 
     def settle(self):
