@@ -13,7 +13,6 @@ Results: results/bench_sim_levels.json
 """
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchlib import latency_summary, open_loop  # noqa: E402  (next to this script)
 
 from xsched_lv3 import Level, LocalScheduler, XQueue  # noqa: E402
 from xsched_lv3.backends.sim import SimGPU, SimHwQueue  # noqa: E402
@@ -97,32 +97,20 @@ def run(variant, lp_us, seconds):
         threads.append(threading.Thread(target=lp_loop, daemon=True))
         threads[0].start()
     if variant != "lp-alone":
-        i = 0
-        while True:
-            arrival = t0 + i / HP_RATE
-            if arrival > t0 + seconds:
-                break
-            delay = arrival - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+        def request():
             for _ in range(HP_KERNELS):
                 hp.submit(("hp", HP_KERNEL_US), est_us=HP_KERNEL_US)
             hp.wait_all()
             hp_hw.synchronize()
-            if arrival - t0 >= 0.5:
-                lat.append(time.monotonic() - arrival)
-            i += 1
+        lat = open_loop(HP_RATE, seconds, request, warmup_s=0.5, t0=t0)
     else:
         time.sleep(seconds)
     lp_start = lp_iters[0]
     t_mid = time.monotonic()
-    time.sleep(0.0)
     stop.set()
     out = {"variant": variant}
     if lat:
-        lat.sort()
-        out.update(hp_p50_ms=statistics.median(lat) * 1e3, hp_p99_ms=lat[int(0.99 * (len(lat) - 1))] * 1e3,
-                   hp_max_ms=lat[-1] * 1e3)
+        out.update(latency_summary(lat))
     if variant != "hp-alone":
         out["lp_iters_per_s"] = lp_start / (t_mid - t0)
     if sched:

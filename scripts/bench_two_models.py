@@ -12,7 +12,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchlib import latency_summary, open_loop  # noqa: E402  (next to this script)
 HP_RATE = 20.0
 HP_BATCH = 4
 WARMUP_S = 1.0
@@ -41,26 +41,15 @@ def hp_loop(seconds, stream, start_at, results, gate_ctx=None):
         for _ in range(20):
             model(x)
         stream.synchronize()
-    lat = []
     ctx = gate_ctx() if gate_ctx else _null()
+
+    def request():
+        model(x)
+        stream.synchronize()
     with torch.no_grad(), torch.cuda.stream(stream), ctx:
         while time.monotonic() < start_at:
             time.sleep(0.001)
-        t0 = time.monotonic()
-        i = 0
-        while True:
-            arrival = t0 + i / HP_RATE
-            if arrival > t0 + seconds:
-                break
-            delay = arrival - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            model(x)
-            stream.synchronize()
-            if arrival - t0 >= WARMUP_S:
-                lat.append(time.monotonic() - arrival)
-            i += 1
-    results["hp_latencies_s"] = lat
+        results["hp_latencies_s"] = open_loop(HP_RATE, seconds, request, WARMUP_S)
 
 
 def lp_loop(seconds, batch, stream, start_at, results, stop_at=None, gate_ctx=None):
@@ -176,9 +165,7 @@ def run_processes(variant, batch, seconds, window_us):
 def summarize(res):
     out = {}
     if "hp_latencies_s" in res:
-        lat = sorted(res["hp_latencies_s"])
-        out.update(hp_p50_ms=statistics.median(lat) * 1e3, hp_p99_ms=lat[int(0.99 * (len(lat) - 1))] * 1e3,
-                   hp_max_ms=lat[-1] * 1e3, hp_requests=len(lat))
+        out.update(latency_summary(res["hp_latencies_s"]), hp_requests=len(res["hp_latencies_s"]))
     for key in ("lp_iters_per_s", "lp_gate_waits", "lp_gate_held_s"):
         if key in res:
             out[key] = res[key]
