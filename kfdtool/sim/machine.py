@@ -104,11 +104,16 @@ def materialize(preset_name, sysfs_root, profile, parameters=None):
     else:
         extract_capture(preset.capture, topo)
     _complete_capture(topo, profile)
-    params = root / "module" / "amdgpu" / "parameters"
+    write_parameters(root, parameters)
+    return topo
+
+
+def write_parameters(sysfs_root, parameters=None):
+    """/sys/module/amdgpu/parameters: the defaults, overridden by `parameters`."""
+    params = Path(sysfs_root) / "module" / "amdgpu" / "parameters"
     params.mkdir(parents=True, exist_ok=True)
     for key, value in {**DEFAULT_PARAMETERS, **(parameters or {})}.items():
         (params / key).write_text(f"{value}\n")
-    return topo
 
 
 def _complete_capture(topo, profile):

@@ -2,6 +2,7 @@
 /tmp/kfdtool-sim-<uid>/<name>): the sysfs tree under sys/, the socket kfd.sock, a log."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from ..errors import SimulatorError
 from .client import SimBackend, SimControl
-from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
+from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize, write_parameters
 
 START_TIMEOUT_S = 30
 
@@ -110,12 +111,19 @@ def stop(name):
 def static_tree(name, abi="1.23"):
     """The sysfs tree of a machine whose simulator is not running (topology only, no processes)."""
     sim = machine(name)
-    if not sim.is_running():
-        profile = find_profile(abi)
-        materialize(name, sim.sysfs_root, profile)     # a dead simulator's processes are gone
-        info = sim.info
-        info.update({"preset": name, "abi": abi, "release": profile.release})
-        (sim.dir / "machine.json").write_text(json.dumps(info))
+    if sim.is_running():
+        return sim
+    profile = find_profile(abi)
+    info = sim.info
+    proc = sim.sysfs_root / "class" / "kfd" / "kfd" / "proc"
+    if info.get("preset") == name and info.get("abi") == abi and proc.is_dir():
+        for entry in proc.iterdir():                 # reuse the tree; a dead simulator's processes are gone
+            shutil.rmtree(entry, ignore_errors=True)
+        write_parameters(sim.sysfs_root)             # and so are its --param overrides
+        return sim
+    materialize(name, sim.sysfs_root, profile)
+    info.update({"preset": name, "abi": abi, "release": profile.release})
+    (sim.dir / "machine.json").write_text(json.dumps(info))
     return sim
 
 
