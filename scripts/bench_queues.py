@@ -78,13 +78,13 @@ def _wait_for_processes(ctl, count, timeout=60):
 
 def _breakdown(sysfs_root):
     """In-process: the sysfs part of the scan, then the /proc enrichment on its own."""
-    from kfdtool.processes import enrich, scan_processes
+    from kfdtool.processes import identify, scan_processes
     start = time.perf_counter()
-    scan = scan_processes(sysfs_root, with_psutil=False)
+    scan = scan_processes(sysfs_root, with_identity=False)
     scan_s = time.perf_counter() - start
     start = time.perf_counter()
     for proc in scan.processes:
-        enrich(proc)
+        identify(proc)
     return scan_s, time.perf_counter() - start
 
 

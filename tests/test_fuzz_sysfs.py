@@ -84,7 +84,7 @@ def test_scan_processes_never_crashes(files):
     try:
         os.makedirs(os.path.join(root, "class/kfd/kfd/topology"))
         _write_tree(os.path.join(root, "class/kfd/kfd/proc"), files)
-        scan = scan_processes(root, with_psutil=False)
+        scan = scan_processes(root, with_identity=False)
         scan.to_dict()
     finally:
         shutil.rmtree(root)

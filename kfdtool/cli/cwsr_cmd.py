@@ -6,8 +6,9 @@ from ..cwsr.sizing import cwsr_sizes
 from ..processes import scan_processes
 from ..topology import read_topology
 from .render import console, group_identical, human_bytes, print_json, table
+from .commands import help_for
 
-HELP = "CWSR facts: amdgpu parameters, per-GPU save-area sizes, per-queue save-area memory"
+HELP = help_for("cwsr")
 EXAMPLES = """examples:
   kfdtool cwsr                          # parameters, per-GPU sizes, per-process save areas
   kfdtool cwsr --json
@@ -41,7 +42,7 @@ def collect(ctx):
                      "queue_save_area_bytes": sizes.queue_mapping_bytes if sizes else None,
                      "source": sizes.source if sizes else None})
     processes = []
-    scan = scan_processes(ctx.sysfs, with_psutil=False, kernel_release=ctx.kernel_release)
+    scan = scan_processes(ctx.sysfs, with_identity=False, kernel_release=ctx.kernel_release)
     for proc in scan.processes:
         compute = [q for q in proc.queues if q.type_name == "compute"]
         total = sum((by_gpu.get(q.gpu_id).queue_mapping_bytes if by_gpu.get(q.gpu_id) else 0) for q in compute)

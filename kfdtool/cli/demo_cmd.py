@@ -8,8 +8,9 @@ from . import cwsr_cmd, preempt_cmd, queues_cmd, topology_cmd
 from .context import Context
 from .render import console
 from .sim_cmd import spawn_workload
+from .commands import help_for
 
-HELP = "start a simulated MI308X host with GPU processes and show what kfdtool sees"
+HELP = help_for("demo")
 WORKLOADS = (   # role, GPUs, compute queues per GPU, SDMA queues per GPU, waves, priority
     ("llm-serve", 2, 2, 0, 160, 11),
     ("resnet50-train", 1, 4, 1, 120, 7),

@@ -7,8 +7,9 @@ from ..cwsr.holds import for_each_hold
 from ..processes import scan_processes
 from ..sysfs import read_int
 from .render import console, human_bytes, table
+from .commands import help_for
 
-HELP = "live view of KFD processes and queues (Ctrl-C to quit)"
+HELP = help_for("monitor")
 
 
 def add_parser(sub):

@@ -10,8 +10,9 @@ import time
 
 from ..errors import NoSuchProcess
 from .render import console, human_bytes, print_json, table
+from .commands import help_for
 
-PREEMPT_HELP = "suspend a process's GPU queues (CWSR wave save) and resume them"
+PREEMPT_HELP = help_for("preempt")
 PREEMPT_EXAMPLES = """examples:
   kfdtool preempt --pid 1234 --for 500ms        # suspend every queue for half a second
   kfdtool preempt --pid 1234 --queue 0 --queue 2 --grace 100
@@ -24,7 +25,7 @@ enabled its runtime (every ROCr/HIP process does) and is not under another debug
 and the right to ptrace it (same user with kernel.yama.ptrace_scope=0, or root/CAP_SYS_PTRACE).
 The kernel resumes the queues if kfdtool dies, even by kill -9.
 """
-RESUME_HELP = "resume a process's suspended GPU queues (recovery)"
+RESUME_HELP = help_for("resume")
 RESUME_EXAMPLES = """examples:
   kfdtool resume --pid 1234 --all               # resume every queue, whoever suspended it
   kfdtool resume --pid 1234 --queue 0

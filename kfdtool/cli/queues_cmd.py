@@ -7,8 +7,9 @@ from ..cwsr.holds import for_each_hold
 from ..errors import NoSuchProcess
 from ..processes import scan_processes
 from .render import console, human_bytes, print_csv, print_json, table
+from .commands import help_for
 
-HELP = "list KFD processes and their GPU queues"
+HELP = help_for("queues")
 EXAMPLES = """examples:
   kfdtool queues                        # all KFD processes, one row per queue
   kfdtool queues -p 1234 -p 5678        # only these pids

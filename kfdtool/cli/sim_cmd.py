@@ -6,8 +6,9 @@ import sys
 from ..errors import SimulatorError
 from ..sim import ABIS
 from .render import console, table
+from .commands import help_for
 
-HELP = "run a simulated KFD machine (no AMD GPU needed)"
+HELP = help_for("sim")
 EXAMPLES = """examples:
   kfdtool sim list                                  # machines you can simulate
   kfdtool sim start mi308x                          # start the simulated 8x MI308X (ABI 1.23)

@@ -1,8 +1,9 @@
 """kfdtool topology: the GPUs and CPUs as KFD sees them."""
 from ..topology import read_topology
 from .render import console, human_bytes, print_json, table
+from .commands import help_for
 
-HELP = "show KFD topology nodes (GPUs, CPUs, links)"
+HELP = help_for("topology")
 EXAMPLES = """examples:
   kfdtool topology                      # table of nodes
   kfdtool --sim mi308x topology         # the simulated 8x MI308X (CPX) host

@@ -1,14 +1,12 @@
-"""Client side of the simulated KFD: `SimBackend` is a /dev/kfd stand-in for kfdtool.device, and
-`SimControl` speaks the simulation-only control messages.
+"""Client side of the simulated KFD: `SimBackend` is a /dev/kfd stand-in for kfdtool.device
+(`SimControl`, the simulation-only control messages, lives in .control).
 
 Pointer arguments are the one thing a socket cannot pass: for each ioctl (and DBG_TRAP op) the
 table below names the pointer fields and how many bytes they point at; those bytes travel with
 the request and the kernel's writes come back, as copy_from_user/copy_to_user would see them.
 """
 import ctypes
-import json
 import os
-import socket
 import threading
 
 import ioctl_opt
@@ -17,6 +15,7 @@ from ..errors import SimulatorError
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
+from .control import Channel
 from .protocol import IOCTL, REPLY, frame, pack_regions, recv_frame, unpack_regions
 
 OPS = c.kfd_dbg_trap_operations
@@ -63,43 +62,6 @@ def _get(obj, path):
     return obj
 
 
-class _Channel:
-    def __init__(self, socket_path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.sock.connect(str(socket_path))
-        except OSError as e:
-            self.sock.close()
-            raise SimulatorError(f"simulated KFD not reachable at {socket_path}: {e.strerror}") from None
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def call_json(self, payload):
-        try:
-            self.sock.sendall(frame(payload))
-            reply, _ = recv_frame(self.sock)
-        except OSError as e:
-            raise SimulatorError(f"simulated KFD server went away: {e}") from None
-        return json.loads(reply[1:])
-
-
-class SimControl(_Channel):
-    """Simulation-only operations: status, bulk workloads, waves, eviction, parameters."""
-
-    def __call__(self, op, **fields):
-        reply = self.call_json(b"C" + json.dumps({"op": op, **fields}).encode())
-        if "error" in reply:
-            raise SimulatorError(reply["error"])
-        return reply
-
-
 class SimBackend:
     """A simulated /dev/kfd fd: connecting and sending "open" makes this process a KFD process.
     Each thread gets its own connection (same pid, so the same KFD process), so a call that
@@ -115,7 +77,7 @@ class SimBackend:
     def sock(self):
         channel = getattr(self._local, "channel", None)
         if channel is None:
-            channel = _Channel(self.socket_path)
+            channel = Channel(self.socket_path)
             channel.call_json(b"O")
             self._local.channel = channel
             self._channels.append(channel)

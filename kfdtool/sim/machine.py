@@ -6,14 +6,10 @@ unchanged (KFDTOOL_SYSFS_ROOT=<dir>).
 """
 import io
 import shutil
-import tarfile
 import zlib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from ..cwsr.sizing import cwsr_sizes
-from ..ioctls.history import KfdAbi
 from ..sysfs import parse_properties
 from . import ABIS
 
@@ -42,7 +38,7 @@ PRESETS = {p.name: p for p in (
 @dataclass(frozen=True)
 class KernelProfile:
     """What a simulated kernel looks like from user space, per KFD ABI version."""
-    abi: KfdAbi
+    abi_minor: int
     release: str
     publishes_cwsr_sizes: bool        # nodes/N/properties has cwsr_size / ctl_stack_size
     pasid_is_zero: bool               # proc/<pid>/pasid prints 0 (7.2)
@@ -50,11 +46,17 @@ class KernelProfile:
     smi_process_events: bool          # PROCESS_START / PROCESS_END exist
     smi_all_process_bit_checked: bool  # 6.12 needs ALL_PROCESS in the mask to see other pids
 
+    @property
+    def abi(self):
+        # imported here: the ioctl tables are ~15 ms that read-only `--sim` commands never need
+        from ..ioctls.history import KfdAbi
+        return KfdAbi(self.abi_minor)
+
 
 PROFILES = {
-    "1.11": KernelProfile(KfdAbi(11), "6.1.0-kfdtool-sim", False, False, True, False, True),
-    "1.17": KernelProfile(KfdAbi(17), "6.12.117-kfdtool-sim", False, False, True, False, True),
-    "1.23": KernelProfile(KfdAbi(23), "7.2.13-kfdtool-sim", True, True, False, True, False),
+    "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True),
+    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", False, False, True, False, True),
+    "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False),
 }
 
 assert tuple(PROFILES) == ABIS
@@ -82,6 +84,8 @@ def find_profile(abi):
 
 def extract_capture(capture, dest):
     """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>)."""
+    import tarfile                         # here, not at the top: only writing a tree needs them
+    from importlib import resources
     data = resources.files(__package__).joinpath("presets").joinpath(f"{capture}.tar.gz").read_bytes()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
@@ -145,6 +149,7 @@ def _complete_capture(topo, profile):
         if not (node / "name").exists():
             (node / "name").write_text("ip discovery\n" if props.get("gfx_target_version", 0) >= 90400 else "\n")
         if profile.publishes_cwsr_sizes and "cwsr_size" not in props:
+            from ..cwsr.sizing import cwsr_sizes      # only when a tree is written, not when reused
             sizes = cwsr_sizes(props) if is_gpu else None
             extra = (f"cwsr_size {sizes.cwsr_size if sizes else 0}\n"
                      f"ctl_stack_size {sizes.ctl_stack_size if sizes else 0}\n")

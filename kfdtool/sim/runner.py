@@ -3,14 +3,13 @@
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SimulatorError
-from .client import SimBackend, SimControl
+from .control import SimControl
 from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize, write_parameters
 
 START_TIMEOUT_S = 30
@@ -55,6 +54,7 @@ class SimMachine:
         return SimControl(self.socket)
 
     def open_kfd(self):
+        from .client import SimBackend           # the ioctl tables: not needed by read-only commands
         backend = SimBackend(self.socket)
         backend.machine = self           # lets tools read simulated process memory (CWSR headers)
         return backend
@@ -84,6 +84,7 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     if patched_preempt:
         cmd.append("--patched-preempt")
     log = open(sim.dir / "server.log", "ab")
+    import subprocess                      # only starting a simulator needs it
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not (sim.dir / "ready").exists():
