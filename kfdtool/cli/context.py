@@ -1,15 +1,14 @@
 """What every command needs: where sysfs is (real, --sysfs-root, or a simulated machine)."""
 import os
-from dataclasses import dataclass
 
 from ..sysfs import SysfsRoot
 
 
-@dataclass
 class Context:
-    sysfs: SysfsRoot
-    sim: object = None                 # sim.runner.SimMachine when --sim is given
-    kernel_release: str | None = None
+    def __init__(self, sysfs, sim=None, kernel_release=None):
+        self.sysfs = sysfs
+        self.sim = sim                           # sim.runner.SimMachine when --sim is given
+        self.kernel_release = kernel_release     # of the simulated kernel; None: this host's
 
     @classmethod
     def from_args(cls, args):

@@ -7,19 +7,14 @@ unchanged (KFDTOOL_SYSFS_ROOT=<dir>).
 import io
 import shutil
 import zlib
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 from ..sysfs import parse_properties
 from . import ABIS
 
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    capture: str
-    description: str
-    derived: bool = False
+# named tuples, not dataclasses: this module is on the start-up path of every `--sim` command
+Preset = namedtuple("Preset", "name capture description derived", defaults=[False])
 
 
 PRESETS = {p.name: p for p in (
@@ -35,16 +30,15 @@ PRESETS = {p.name: p for p in (
 )}
 
 
-@dataclass(frozen=True)
-class KernelProfile:
-    """What a simulated kernel looks like from user space, per KFD ABI version."""
-    abi_minor: int
-    release: str
-    publishes_cwsr_sizes: bool        # nodes/N/properties has cwsr_size / ctl_stack_size
-    pasid_is_zero: bool               # proc/<pid>/pasid prints 0 (7.2)
-    has_diq: bool                     # sysfs queue type numbering keeps DIQ = 3 (6.12 and older)
-    smi_process_events: bool          # PROCESS_START / PROCESS_END exist
-    smi_all_process_bit_checked: bool  # 6.12 needs ALL_PROCESS in the mask to see other pids
+class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cwsr_sizes pasid_is_zero has_diq "
+                                                "smi_process_events smi_all_process_bit_checked")):
+    """What a simulated kernel looks like from user space, per KFD ABI version:
+    publishes_cwsr_sizes: nodes/N/properties has cwsr_size / ctl_stack_size;
+    pasid_is_zero: proc/<pid>/pasid prints 0 (7.2);
+    has_diq: sysfs queue type numbering keeps DIQ = 3 (6.12 and older);
+    smi_process_events: PROCESS_START / PROCESS_END exist;
+    smi_all_process_bit_checked: 6.12 needs ALL_PROCESS in the mask to see other pids."""
+    __slots__ = ()
 
     @property
     def abi(self):

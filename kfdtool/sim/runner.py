@@ -5,7 +5,6 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SimulatorError
@@ -19,10 +18,12 @@ def base_dir():
     return Path(os.environ.get("KFDTOOL_SIM_DIR") or f"/tmp/kfdtool-sim-{os.getuid()}")
 
 
-@dataclass
 class SimMachine:
-    name: str
-    dir: Path
+    def __init__(self, name, directory):
+        self.name, self.dir = name, Path(directory)
+
+    def __repr__(self):
+        return f"SimMachine({self.name!r}, {str(self.dir)!r})"
 
     @property
     def sysfs_root(self):
