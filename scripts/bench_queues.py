@@ -10,10 +10,11 @@ The simulated processes are real OS processes (`sleep`) adopted by the simulator
 reads (name, user, cmdline, NSpid) do real work. The simulated sysfs tree lives in /dev/shm where
 there is one: real sysfs is in memory, and a disk-backed tree would also measure the page cache.
 A breakdown is measured in-process: start-up (interpreter and the imports `queues --json` needs),
-the scan as the command runs it (forked workers) and on one CPU, and the JSON output.
+the scan as the command runs it (forked workers) and on one CPU, and the JSON output; and the floor
+the host's syscalls set: scripts/scan_floor.c, the same reads in C on one CPU (needs gcc).
 Results go to results/bench_queues.{json,png}.
 
-    python scripts/bench_queues.py [--sizes 100 1000 4000] [--repeat 5]
+    python scripts/bench_queues.py [--sizes 100 1000 4000] [--repeat 9] [--baseline OLD_CHECKOUT]
 """
 import argparse
 import json
@@ -33,10 +34,12 @@ QUEUES_PER_PROC = 8
 STARTUP_IMPORTS = "import kfdtool.cli, kfdtool.cli.queues_cmd, kfdtool.sim.runner, json"
 
 
-def run_once(machine):
+def run_once(machine, tree=None):
+    """One `kfdtool queues --json` (of the checkout `tree`, default this one): wall, document, usage."""
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tree or REPO)
     out, err = proc.communicate()
     _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (None, 0, None)
     wall = time.perf_counter() - start
@@ -81,6 +84,24 @@ def _wait_for_processes(ctl, count, timeout=60):
         time.sleep(0.05)
 
 
+def _compare(machine, baseline, repeat):
+    """The baseline checkout and this one, alternately (a shared VM's speed drifts minute to minute)."""
+    walls = {"baseline": [], "this": []}
+    for _ in range(repeat):
+        base_wall, base_doc, _ = run_once(machine, baseline)
+        this_wall, this_doc, _ = run_once(machine)
+        if base_doc != this_doc:
+            raise SystemExit("the baseline printed a different document")
+        walls["baseline"].append(base_wall)
+        walls["this"].append(this_wall)
+    rev = subprocess.run(["git", "-C", baseline, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    result = {"baseline_rev": rev.stdout.strip() or None, "same_output": True,
+              **{f"{k}_wall_s_median": statistics.median(v) for k, v in walls.items()}}
+    print(f"      alternating with {baseline} ({result['baseline_rev']}): baseline "
+          f"{result['baseline_wall_s_median']:.3f} s, this {result['this_wall_s_median']:.3f} s (same output)")
+    return result
+
+
 def _breakdown(sysfs_root):
     """In-process, best of 3: the scan as `kfdtool queues` runs it, the same on one CPU, and the
     JSON rendering of its result."""
@@ -97,6 +118,27 @@ def _breakdown(sysfs_root):
         timings["json_output"].append(time.perf_counter() - start)
     workers = len(split(scan.processes, PROCESSES_PER_WORKER))
     return {key: min(values) for key, values in timings.items()}, workers
+
+
+def build_scan_floor(directory):
+    """scripts/scan_floor.c (the same reads in C, one CPU), if gcc is here; else None."""
+    exe = Path(directory) / "scan_floor"
+    try:
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(REPO / "scripts" / "scan_floor.c")], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return exe
+
+
+def measure_scan_floor(exe, sysfs_root):
+    """Best of 3 runs of the C scan over the simulated proc/ tree, in seconds."""
+    if exe is None:
+        return None
+    proc = Path(sysfs_root) / "class" / "kfd" / "kfd" / "proc"
+    runs = [json.loads(subprocess.run([str(exe), str(proc)], check=True, capture_output=True, text=True).stdout)
+            for _ in range(3)]
+    return min(r["seconds"] for r in runs)
 
 
 def measure_host_syscall_cost(directory=None):
@@ -118,6 +160,9 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 4000])
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--out", default=str(REPO / "results" / "bench_queues"))
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="another kfdtool checkout (e.g. `git worktree add /tmp/old REV`): at 1,000 x 8, "
+                             "its command and this one run alternately, and must print the same document")
     args = parser.parse_args()
     created = None
     if "KFDTOOL_SIM_DIR" not in os.environ:
@@ -126,6 +171,7 @@ def main():
     sys.path.insert(0, str(REPO))
     from kfdtool.sim import runner
 
+    floor_exe = build_scan_floor(os.environ["KFDTOOL_SIM_DIR"])
     machine = "mi300x"
     sim = runner.start(machine, realtime=False)
     ctl = sim.control()
@@ -160,15 +206,20 @@ def main():
             rss = max(measure_rss(machine) for _ in range(2))
             assert len(doc["processes"]) == n and all(len(p["queues"]) == QUEUES_PER_PROC for p in doc["processes"])
             breakdown, workers = _breakdown(sim.sysfs_root)
+            breakdown["c_floor_one_cpu"] = measure_scan_floor(floor_exe, sim.sysfs_root)
             row = {"processes": n, "queues": n * QUEUES_PER_PROC, "layout": layout, "scan_workers": workers,
                    "host_small_file_read_us": read_us,
                    "wall_s_median": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
                    "peak_rss_bytes": rss, "breakdown_s": {"interpreter_and_imports": startup, **breakdown}}
+            if args.baseline and (n, layout) == (1000, "per-gpu"):
+                row["baseline"] = _compare(machine, args.baseline, args.repeat)
             rows.append(row)
             print(f"{n:5d} processes x {QUEUES_PER_PROC} queues ({layout}): median {row['wall_s_median']:.3f} s "
                   f"(min {row['wall_s_min']:.3f}, max {row['wall_s_max']:.3f}), peak RSS {rss / 2**20:.1f} MiB; "
                   f"startup {startup:.3f} s, scan {breakdown['scan']:.3f} s ({workers} workers; "
-                  f"{breakdown['scan_one_cpu']:.3f} s on one), JSON {breakdown['json_output']:.3f} s", flush=True)
+                  f"{breakdown['scan_one_cpu']:.3f} s on one; the same reads in C on one: "
+                  f"{breakdown['c_floor_one_cpu'] or float('nan'):.3f} s), JSON {breakdown['json_output']:.3f} s",
+                  flush=True)
     finally:
         for p in sleepers:
             p.kill()
@@ -202,7 +253,10 @@ def _plot(rows, path):
     n = [r["processes"] for r in rows]
     fig, ax1 = plt.subplots(figsize=(6, 4))
     ax1.plot(n, [r["wall_s_median"] for r in rows], "o-", label="wall time (median)")
-    ax1.plot(n, [r["breakdown_s"]["scan"] for r in rows], "x:", label="of which the scan")
+    ax1.plot(n, [r["breakdown_s"]["scan"] for r in rows], "x:", color="tab:blue", label="of which the scan")
+    if all(r["breakdown_s"].get("c_floor_one_cpu") for r in rows):
+        ax1.plot(n, [r["breakdown_s"]["c_floor_one_cpu"] for r in rows], "+-.", color="grey",
+                 label="the same reads in C, one CPU")
     ax1.axhline(0.3, color="grey", ls="--", lw=1, label="target at 1,000 (0.3 s)")
     ax1.set_xlabel("KFD processes (x 8 queues)")
     ax1.set_ylabel("seconds")
