@@ -141,6 +141,26 @@ def measure_scan_floor(exe, sysfs_root):
     return min(r["seconds"] for r in runs)
 
 
+def measure_identity_cost(pids):
+    """µs a process for name, user, cmdline and container pid: kfdtool's two /proc reads vs
+    psutil.Process (which kfdtool used before; the reason it no longer does in the scan)."""
+    import psutil
+    from kfdtool.processes import KfdProcess, identify
+
+    def with_psutil(pid):
+        p = psutil.Process(pid)
+        with p.oneshot():
+            p.name(), p.cmdline(), p.username()          # psutil has no NSpid: this flatters it
+
+    costs = {}
+    for label, fn in (("kfdtool", lambda pid: identify(KfdProcess(pid))), ("psutil", with_psutil)):
+        start = time.perf_counter()
+        for pid in pids:
+            fn(pid)
+        costs[label] = (time.perf_counter() - start) / len(pids) * 1e6
+    return costs
+
+
 def measure_host_syscall_cost(directory=None):
     """µs per open+read+close of a small file (in `directory`) by a tight loop: the unit cost the
     scan is made of, measured next to each row because a shared VM's varies minute to minute."""
@@ -207,8 +227,9 @@ def main():
             assert len(doc["processes"]) == n and all(len(p["queues"]) == QUEUES_PER_PROC for p in doc["processes"])
             breakdown, workers = _breakdown(sim.sysfs_root)
             breakdown["c_floor_one_cpu"] = measure_scan_floor(floor_exe, sim.sysfs_root)
+            identity_us = measure_identity_cost([p.pid for p in sleepers])
             row = {"processes": n, "queues": n * QUEUES_PER_PROC, "layout": layout, "scan_workers": workers,
-                   "host_small_file_read_us": read_us,
+                   "host_small_file_read_us": read_us, "identity_us_per_process": identity_us,
                    "wall_s_median": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
                    "peak_rss_bytes": rss, "breakdown_s": {"interpreter_and_imports": startup, **breakdown}}
             if args.baseline and (n, layout) == (1000, "per-gpu"):

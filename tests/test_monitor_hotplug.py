@@ -1,9 +1,13 @@
 """kfdtool monitor (live view) and the udev hotplug event filter."""
 import os
+import subprocess
+import sys
+import time
 import types
 
 from conftest import run_cli
 from kfdtool.cli.sim_cmd import spawn_workload
+from kfdtool.hostusage import HostUsage
 from kfdtool.hotplug import events
 from simhelpers import start
 
@@ -15,8 +19,29 @@ def test_monitor_shows_processes_and_counts_refreshes(sim_dir):
         result = run_cli("--sim", "mi308x", "monitor", "--count", "2", "--interval", "0.2")
         assert result.returncode == 0, result.stderr
         assert "kfdtool monitor" in result.stdout and str(pid) in result.stdout and "watched" in result.stdout
+        assert "CPU %" in result.stdout and "RSS" in result.stdout and "MiB" in result.stdout
     finally:
         os.kill(pid, 9)
+
+
+def test_host_usage_sees_a_busy_process_and_forgets_gone_ones():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        host = HostUsage()
+        first = host.sample([busy.pid, idle.pid])
+        assert first[busy.pid][0] is None and first[busy.pid][1] > 1 << 20     # no interval yet; RSS known
+        time.sleep(0.5)
+        second = host.sample([busy.pid, idle.pid])
+        assert second[busy.pid][0] > 50 and second[idle.pid][0] < 5
+        idle.kill()
+        idle.wait()
+        assert host.sample([busy.pid, idle.pid])[idle.pid] == (None, None)
+        host.sample([busy.pid])
+        assert idle.pid not in host._procs
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_monitor_bad_interval():
