@@ -148,3 +148,14 @@ def test_gone_process_is_not_identified(tmp_path):
 ])
 def test_cmdline_splitting_follows_psutil(raw, argv):
     assert processes._split_cmdline(raw) == argv
+
+
+def test_records_compare_print_and_pickle_by_value():
+    import pickle
+    proc = KfdProcess(7, name="vllm", queues=[processes.KfdQueue(0, 1001, 0, "compute", 4096)], vram={1001: 1 << 30})
+    scan = processes.ProcessScan([proc], unreadable=1)
+    copy = pickle.loads(pickle.dumps(scan))
+    assert copy == scan and copy.processes[0].vram == {1001: 1 << 30} and copy is not scan
+    assert copy.processes[0].queues[0] != processes.KfdQueue(0, 1001, 0, "compute", 8192)
+    assert repr(proc.queues[0]) == ("KfdQueue(qid=0, gpu_id=1001, type_code=0, type_name='compute', "
+                                    "size=4096, suspended_by=None)")
