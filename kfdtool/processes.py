@@ -268,11 +268,13 @@ PROCESSES_PER_WORKER = 250
 
 
 def scan_processes(root=None, pids=None, names=None, with_identity=True, kernel_release=None,
-                   exclude_self=True, workers=None):
+                   exclude_self=True, workers=1):
     """All KFD processes (optionally only `pids` / whose name contains one of `names`).
 
-    Large scans are spread over `workers` forked processes (default: one per usable CPU, at most
-    one per PROCESSES_PER_WORKER processes): the scan is tens of thousands of small sysfs reads."""
+    workers=None spreads a large scan over forked processes, one per usable CPU and at most one
+    per PROCESSES_PER_WORKER processes (the scan is tens of thousands of small sysfs reads); the
+    CLI does. The default, 1, never forks: a library caller inside a big multi-threaded process
+    (PyTorch) gets no surprise children."""
     sysfs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
     sysfs.require_kfd()
     scan = ProcessScan([])

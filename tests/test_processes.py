@@ -1,6 +1,8 @@
 """Process scanning: the parallel scan gives the serial scan's answer, fork_map's safety rules,
 and /proc identities that match psutil's."""
+import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -9,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from conftest import run_cli
 from kfdtool import parallel, processes
 from kfdtool.processes import KfdProcess, identify, scan_processes
 
@@ -151,7 +154,6 @@ def test_cmdline_splitting_follows_psutil(raw, argv):
 
 
 def test_records_compare_print_and_pickle_by_value():
-    import pickle
     proc = KfdProcess(7, name="vllm", queues=[processes.KfdQueue(0, 1001, 0, "compute", 4096)], vram={1001: 1 << 30})
     scan = processes.ProcessScan([proc], unreadable=1)
     copy = pickle.loads(pickle.dumps(scan))
@@ -159,3 +161,25 @@ def test_records_compare_print_and_pickle_by_value():
     assert copy.processes[0].queues[0] != processes.KfdQueue(0, 1001, 0, "compute", 8192)
     assert repr(proc.queues[0]) == ("KfdQueue(qid=0, gpu_id=1001, type_code=0, type_name='compute', "
                                     "size=4096, suspended_by=None)")
+
+
+def test_cli_scan_of_many_live_processes(tmp_path):
+    """`kfdtool queues --json` over 520 live processes: enough for two workers where there are
+    two CPUs. Every process is listed once, named by its /proc entry."""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(520)]
+    try:
+        root = write_proc_tree(tmp_path, [p.pid for p in sleepers])
+        kfd = root / "class" / "kfd" / "kfd"
+        (kfd / "topology" / "nodes").mkdir(parents=True)
+        (kfd / "topology" / "generation_id").write_text("1\n")
+        result = run_cli("--sysfs-root", str(root), "queues", "--json")
+        assert result.returncode == 0, result.stderr
+        doc = json.loads(result.stdout)
+        assert sorted(p["pid"] for p in doc["processes"]) == sorted(p.pid for p in sleepers)
+        assert {p["name"] for p in doc["processes"]} == {"sleep"} and doc["vanished"] == 0
+        assert all(len(p["queues"]) == 3 for p in doc["processes"])
+    finally:
+        for p in sleepers:
+            p.kill()
+        for p in sleepers:
+            p.wait()

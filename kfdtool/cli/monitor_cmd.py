@@ -25,7 +25,7 @@ def add_parser(sub):
 
 
 def _render(ctx, previous, dt, notes, host):
-    scan = scan_processes(ctx.sysfs, kernel_release=ctx.kernel_release)
+    scan = scan_processes(ctx.sysfs, kernel_release=ctx.kernel_release, workers=None)
     usage = host.sample([p.pid for p in scan.processes])
     held = {(r["target_pid"], q): r["holder_pid"] for r in for_each_hold() for q in r["queues"]}
     before = {p.pid: p for p in previous.processes} if previous else {}

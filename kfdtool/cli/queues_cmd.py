@@ -62,7 +62,8 @@ def run(args, ctx):
 
 
 def _scan(args, ctx):
-    scan = scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release)
+    scan = scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release,
+                          workers=None)
     holds = {}
     for record in for_each_hold():
         for qid in record["queues"]:
