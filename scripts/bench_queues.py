@@ -36,7 +36,8 @@ STARTUP_IMPORTS = "import kfdtool.cli, kfdtool.cli.queues_cmd, kfdtool.sim.runne
 
 def run_once(machine, tree=None):
     """One `kfdtool queues --json` (of the checkout `tree`, default this one): wall, document, usage."""
-    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))} \
+        if tree else None
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tree or REPO)
@@ -94,8 +95,11 @@ def _compare(machine, baseline, repeat):
             raise SystemExit("the baseline printed a different document")
         walls["baseline"].append(base_wall)
         walls["this"].append(this_wall)
-    rev = subprocess.run(["git", "-C", baseline, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    result = {"baseline_rev": rev.stdout.strip() or None, "same_output": True,
+    rev = None
+    if (Path(baseline) / ".git").exists():              # a checkout or worktree of its own, not a copy
+        rev = subprocess.run(["git", "-C", baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip() or None
+    result = {"baseline_rev": rev, "same_output": True,
               **{f"{k}_wall_s_median": statistics.median(v) for k, v in walls.items()}}
     print(f"      alternating with {baseline} ({result['baseline_rev']}): baseline "
           f"{result['baseline_wall_s_median']:.3f} s, this {result['this_wall_s_median']:.3f} s (same output)")
