@@ -198,9 +198,10 @@ def identify(proc, procfs="/proc"):
 
     Two reads give what psutil.Process would (name: the kernel's 15-byte comm, completed from
     argv[0] when truncated, as psutil does; cmdline: NUL-separated, or space-separated for a process
-    that rewrote it) at a fourth of psutil.Process's cost (scripts/bench_queues.py measures both:
-    35-40 vs 160-170 µs a process here), 0.12 s saved of a 0.3 s budget at 1,000 processes.
-    A /proc we may not read (hidepid) leaves them unknown."""
+    that rewrote it) at a fourth to a half of psutil.Process's cost (scripts/bench_queues.py
+    measures both: 39 vs 163 µs a process on a 2-vCPU VM, 28 vs 59 µs on a 16-core host), which
+    at 1,000 processes is much of a 0.3 s budget. A /proc we may not read (hidepid) leaves them
+    unknown."""
     try:
         status = _read(f"{procfs}/{proc.pid}/status")
         raw_cmdline = _read_all(f"{procfs}/{proc.pid}/cmdline")

@@ -187,7 +187,12 @@ def main():
     parser.add_argument("--baseline", metavar="CHECKOUT",
                         help="another kfdtool checkout (e.g. `git worktree add /tmp/old REV`): at 1,000 x 8, "
                              "its command and this one run alternately, and must print the same document")
+    parser.add_argument("--replot", metavar="RESULT_JSON", help="only redraw the plot of an earlier result")
     args = parser.parse_args()
+    if args.replot:
+        result = json.loads(Path(args.replot).read_text())
+        _plot(result["rows"], str(Path(args.replot).with_suffix(".png")), result["host"]["cores"])
+        return
     created = None
     if "KFDTOOL_SIM_DIR" not in os.environ:
         in_memory = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -262,11 +267,11 @@ def main():
               "repeat": args.repeat, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    _plot(rows, args.out + ".png")
+    _plot(rows, args.out + ".png", result["host"]["cores"])
     print(f"wrote {args.out}.json and .png")
 
 
-def _plot(rows, path):
+def _plot(rows, path, cores):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -290,7 +295,7 @@ def _plot(rows, path):
     ax2.set_ylabel("MiB")
     ax1.legend(loc="upper left")
     ax2.legend(loc="lower right")
-    ax1.set_title("kfdtool queues --json, simulated 8x MI300X")
+    ax1.set_title(f"kfdtool queues --json, simulated 8x MI300X, host with {cores} CPUs")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
