@@ -1,6 +1,8 @@
 """kfdtool as a user runs it: subprocesses, real output, bad input -> one line and exit != 0."""
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -113,6 +115,17 @@ def test_help_has_examples():
     for cmd in ("topology", "queues", "cwsr", "sim"):
         out = run_cli(cmd, "--help").stdout
         assert "examples:" in out and "kfdtool" in out
+
+
+def test_only_the_chosen_command_is_loaded_but_help_lists_all():
+    probe = ("import sys; from kfdtool.cli import build_parser; "
+             "build_parser(['--sim', 'mi308x', 'queues', '--json']); "
+             "print(sorted(m for m in sys.modules if m.startswith('kfdtool.cli.') and m.endswith('_cmd')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['kfdtool.cli.queues_cmd']"
+    listing = run_cli("--help").stdout
+    assert all(name in listing for name in ("topology", "queues", "monitor", "cwsr", "preempt", "resume", "sim", "demo"))
+    assert run_cli("resume", "--help").returncode == 0     # shares preempt's module
 
 
 def test_readonly_commands_never_open_dev_kfd(sim):
