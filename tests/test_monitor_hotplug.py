@@ -44,6 +44,27 @@ def test_host_usage_sees_a_busy_process_and_forgets_gone_ones():
         busy.wait()
 
 
+def test_monitor_shows_the_busiest_rows_that_fit():
+    from rich.console import Console
+    from kfdtool.cli.monitor_cmd import _grid
+    from kfdtool.processes import ProcessScan
+    rows = [{"pid": 100 + i, "name": f"job{i}", "cpu": float(i * 10), "rss": 1 << 20, "gpu": 7, "queues": 1,
+             "suspended": 0, "vram": (10 - i) << 30, "cu_occupancy": None, "sdma_pct": None, "evict_rate": None}
+            for i in range(10)]
+
+    def shown(sort, limit):
+        out = Console(width=200, record=True)
+        out.print(_grid(ProcessScan([]), rows, sort, limit, []))
+        text = out.export_text()
+        return [name for name in (f"job{i}" for i in range(10)) if name in text], text
+
+    names, text = shown("cpu", 3)
+    assert names == ["job7", "job8", "job9"] and "7 more rows below" in text
+    assert text.index("job9") < text.index("job8") < text.index("job7")          # largest first
+    names, text = shown("vram", None)
+    assert len(names) == 10 and "more rows" not in text and text.index("job0") < text.index("job9")
+
+
 def test_monitor_bad_interval():
     result = run_cli("--sim", "mi308x", "monitor", "--interval", "0")
     assert result.returncode == 1 and "interval must be > 0" in result.stderr
