@@ -4,7 +4,7 @@ available, GPU hotplug events."""
 import argparse
 import time
 
-from ..cwsr.holds import for_each_hold
+from ..cwsr.holds import mark_held
 from ..hostusage import HostUsage
 from ..processes import scan_processes
 from ..sysfs import read_int
@@ -42,9 +42,8 @@ def add_parser(sub):
 
 def _sample(ctx, previous, dt, host):
     """One row per (process, GPU it uses), with rates against the previous sample."""
-    scan = scan_processes(ctx.sysfs, kernel_release=ctx.kernel_release, workers=None)
+    scan = mark_held(scan_processes(ctx.sysfs, kernel_release=ctx.kernel_release, workers=None))
     usage = host.sample([p.pid for p in scan.processes])
-    held = {(r["target_pid"], q) for r in for_each_hold() for q in r["queues"]}
     before = {p.pid: p for p in previous.processes} if previous else {}
     rows = []
     for p in scan.processes:
@@ -57,7 +56,7 @@ def _sample(ctx, previous, dt, host):
                 sdma_pct = 100 * ((p.sdma_us.get(gpu) or 0) - (old.sdma_us.get(gpu) or 0)) / (dt * 1e6)
                 evict_rate = ((p.evicted_ms.get(gpu) or 0) - (old.evicted_ms.get(gpu) or 0)) / dt
             rows.append({"pid": p.pid, "name": p.name, "cpu": cpu, "rss": rss, "gpu": gpu, "queues": len(queues),
-                         "suspended": sum(1 for q in queues if (p.pid, q.qid) in held), "vram": p.vram.get(gpu),
+                         "suspended": sum(1 for q in queues if q.suspended_by), "vram": p.vram.get(gpu),
                          "cu_occupancy": p.cu_occupancy.get(gpu), "sdma_pct": sdma_pct, "evict_rate": evict_rate})
     return scan, rows
 

@@ -3,7 +3,7 @@ import argparse
 import sys
 import time
 
-from ..cwsr.holds import for_each_hold
+from ..cwsr.holds import mark_held
 from ..errors import NoSuchProcess
 from ..processes import scan_processes
 from .render import console, human_bytes, print_csv, print_json, table
@@ -62,16 +62,8 @@ def run(args, ctx):
 
 
 def _scan(args, ctx):
-    scan = scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release,
-                          workers=None)
-    holds = {}
-    for record in for_each_hold():
-        for qid in record["queues"]:
-            holds[(record["target_pid"], qid)] = record["holder_pid"]
-    for proc in scan.processes:
-        for q in proc.queues:
-            q.suspended_by = holds.get((proc.pid, q.qid))
-    return scan
+    return mark_held(scan_processes(ctx.sysfs, pids=args.pid, names=args.name, kernel_release=ctx.kernel_release,
+                                    workers=None))
 
 
 def _rates(scan, previous, dt):

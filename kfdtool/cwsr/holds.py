@@ -61,11 +61,21 @@ def for_each_hold():
         yield record
 
 
+def holders():
+    """{(target pid, qid): holder pid} of every live hold."""
+    return {(record["target_pid"], qid): record["holder_pid"] for record in for_each_hold()
+            for qid in record["queues"]}
+
+
 def suspended_by(target_pid):
     """{qid: holder pid} for a target."""
-    out = {}
-    for record in for_each_hold():
-        if record["target_pid"] == target_pid:
-            for qid in record["queues"]:
-                out[qid] = record["holder_pid"]
-    return out
+    return {qid: holder for (pid, qid), holder in holders().items() if pid == target_pid}
+
+
+def mark_held(scan):
+    """Set `suspended_by` on every queue of a process scan that a live `kfdtool preempt` holds."""
+    held = holders()
+    for proc in scan.processes:
+        for q in proc.queues:
+            q.suspended_by = held.get((proc.pid, q.qid))
+    return scan
