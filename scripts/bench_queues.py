@@ -35,34 +35,16 @@ STARTUP_IMPORTS = "import kfdtool.cli, kfdtool.cli.queues_cmd, kfdtool.sim.runne
 
 
 def run_once(machine, tree=None):
-    """One `kfdtool queues --json` (of the checkout `tree`, default this one): wall, document, usage."""
+    """One `kfdtool queues --json` (of the checkout `tree`, default this one): wall time, document."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))} \
         if tree else None
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tree or REPO)
-    out, err = proc.communicate()
-    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (None, 0, None)
+    proc = subprocess.run([sys.executable, "-m", "kfdtool", "--sim", machine, "queues", "--json"],
+                          capture_output=True, env=env, cwd=tree or REPO)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"kfdtool failed: {err.decode().strip()}")
-    return wall, json.loads(out), usage
-
-
-def measure(machine, repeat):
-    walls, rss = [], []
-    doc = None
-    for _ in range(repeat):
-        before = _children_maxrss()
-        wall, doc, _ = run_once(machine)
-        walls.append(wall)
-        rss.append(max(_children_maxrss(), before))
-    return walls, rss, doc
-
-
-def _children_maxrss():
-    import resource
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        raise SystemExit(f"kfdtool failed: {proc.stderr.decode().strip()}")
+    return wall, json.loads(proc.stdout)
 
 
 def measure_rss(machine):
@@ -89,8 +71,8 @@ def _compare(machine, baseline, repeat):
     """The baseline checkout and this one, alternately (a shared VM's speed drifts minute to minute)."""
     walls = {"baseline": [], "this": []}
     for _ in range(repeat):
-        base_wall, base_doc, _ = run_once(machine, baseline)
-        this_wall, this_doc, _ = run_once(machine)
+        base_wall, base_doc = run_once(machine, baseline)
+        this_wall, this_doc = run_once(machine)
         if base_doc != this_doc:
             raise SystemExit("the baseline printed a different document")
         walls["baseline"].append(base_wall)
@@ -231,7 +213,7 @@ def main():
             run_once(machine)                                   # warm the page cache
             read_us = measure_host_syscall_cost(os.environ["KFDTOOL_SIM_DIR"])
             walls = [run_once(machine)[0] for _ in range(args.repeat)]
-            _, doc, _ = run_once(machine)
+            _, doc = run_once(machine)
             rss = max(measure_rss(machine) for _ in range(2))
             assert len(doc["processes"]) == n and all(len(p["queues"]) == QUEUES_PER_PROC for p in doc["processes"])
             breakdown, workers = _breakdown(sim.sysfs_root)

@@ -33,14 +33,21 @@ def build(name, batch, device="cuda"):
     return model, x
 
 
+def warmed(name, batch, stream, iterations):
+    """build(), then `iterations` untimed forward passes on `stream` (cuDNN autotuning, caches)."""
+    import torch
+    model, x = build(name, batch)
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(iterations):
+            model(x)
+        stream.synchronize()
+    return model, x
+
+
 def hp_loop(seconds, stream, start_at, results, gate_ctx=None):
     """Open-loop requests at HP_RATE; latency from each request's scheduled arrival."""
     import torch
-    model, x = build("resnet18", HP_BATCH)
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(20):
-            model(x)
-        stream.synchronize()
+    model, x = warmed("resnet18", HP_BATCH, stream, 20)
     ctx = gate_ctx() if gate_ctx else _null()
 
     def request():
@@ -54,11 +61,7 @@ def hp_loop(seconds, stream, start_at, results, gate_ctx=None):
 
 def lp_loop(seconds, batch, stream, start_at, results, stop_at=None, gate_ctx=None):
     import torch
-    model, x = build("resnet50", batch)
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(10):
-            model(x)
-        stream.synchronize()
+    model, x = warmed("resnet50", batch, stream, 10)
     ctx = gate_ctx() if gate_ctx else _null()
     done = 0
     with torch.no_grad(), torch.cuda.stream(stream), ctx as gate:

@@ -1,6 +1,6 @@
 """Hypothesis fuzzing of every sysfs parser: never crash; a clear error or a partial result."""
+import contextlib
 import os
-import shutil
 import tempfile
 
 from hypothesis import HealthCheck, given, settings
@@ -46,6 +46,16 @@ def _write_tree(root, files):
                 f.write(data)
 
 
+@contextlib.contextmanager
+def _sysfs_root(under, files):
+    """A temporary sysfs root with a KFD topology directory and `files` written below `under`
+    (hypothesis reruns a test many times, so no function-scoped tmp_path)."""
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "class/kfd/kfd/topology"))
+        _write_tree(os.path.join(root, under), files)
+        yield root
+
+
 topology_files = st.dictionaries(
     st.sampled_from(["generation_id", "system_properties", "nodes/0/properties", "nodes/1/properties",
                      "nodes/1/gpu_id", "nodes/1/name", "nodes/1/io_links/0/properties",
@@ -58,16 +68,11 @@ topology_files = st.dictionaries(
 @FUZZ
 @given(topology_files)
 def test_read_topology_never_crashes(files):
-    root = tempfile.mkdtemp()
-    try:
-        os.makedirs(os.path.join(root, "class/kfd/kfd/topology"))
-        _write_tree(os.path.join(root, "class/kfd/kfd/topology"), files)
+    with _sysfs_root("class/kfd/kfd/topology", files) as root:
         topo = read_topology(root, retries=1)
         for node in topo.nodes:
             node.to_dict()
         topo.to_dict()
-    finally:
-        shutil.rmtree(root)
 
 
 proc_files = st.dictionaries(
@@ -80,22 +85,12 @@ proc_files = st.dictionaries(
 @FUZZ
 @given(proc_files)
 def test_scan_processes_never_crashes(files):
-    root = tempfile.mkdtemp()
-    try:
-        os.makedirs(os.path.join(root, "class/kfd/kfd/topology"))
-        _write_tree(os.path.join(root, "class/kfd/kfd/proc"), files)
-        scan = scan_processes(root, with_identity=False)
-        scan.to_dict()
-    finally:
-        shutil.rmtree(root)
+    with _sysfs_root("class/kfd/kfd/proc", files) as root:
+        scan_processes(root, with_identity=False).to_dict()
 
 
 @FUZZ
 @given(st.dictionaries(st.sampled_from(["cwsr_enable", "sched_policy", "debug_evictions"]), junk, max_size=3))
 def test_read_parameters_never_crashes(files):
-    root = tempfile.mkdtemp()
-    try:
-        _write_tree(os.path.join(root, "module/amdgpu/parameters"), files)
+    with _sysfs_root("module/amdgpu/parameters", files) as root:
         assert set(read_parameters(root)) >= set(files)
-    finally:
-        shutil.rmtree(root)
