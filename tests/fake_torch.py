@@ -13,6 +13,9 @@ class FakeGPU:
         self.busy_until = time.monotonic()
         self.launched = []
         self.queued_for = {}
+        self.launched_at = []
+        self.events_recorded = 0
+        self.initialized = True            # torch.cuda.is_initialized(): a process that used the GPU
 
     def launch(self, name, seconds):
         with self.lock:
@@ -20,6 +23,7 @@ class FakeGPU:
             start = max(now, self.busy_until)
             self.busy_until = start + seconds
             self.launched.append((name, start, self.busy_until))
+            self.launched_at.append(now)            # CPU time of the launch
             self.queued_for[len(self.launched) - 1] = start - now      # GPU work ahead of it
             return self.busy_until
 
@@ -43,7 +47,25 @@ def make(gpu):
         def __call__(self, *args, **kwargs):
             return self.forward(*args, **kwargs)
 
-    nn.Module = Module
+    class Sequential(Module):
+        pass
+
+    class Raising(Module):
+        """A leaf whose forward raises after launching its kernel (a failing request)."""
+        def forward(self, x):
+            gpu.launch(self.name, self.kernel_s)
+            raise RuntimeError("request failed")
+
+    class Attention(Module):
+        """A parent that launches work of its own between its children, like an attention block
+        calling scaled_dot_product_attention between its projections."""
+        def forward(self, x):
+            children = list(self._modules.values())
+            x = children[0](x)
+            gpu.launch(self.name + ".sdpa", self.kernel_s)
+            return children[1](x)
+
+    nn.Module, nn.Sequential, nn.Raising, nn.Attention = Module, Sequential, Raising, Attention
     torch.nn = nn
 
     class Event:
@@ -52,6 +74,7 @@ def make(gpu):
 
         def record(self, stream=None):
             with gpu.lock:
+                gpu.events_recorded += 1
                 self.at = gpu.busy_until
 
         def query(self):
@@ -71,6 +94,9 @@ def make(gpu):
 
     cuda = types.ModuleType("torch.cuda")
     cuda.Event, cuda.Stream = Event, Stream
+    cuda.is_initialized = lambda: gpu.initialized
+    cuda.current_device = lambda: 0
+    cuda.get_device_properties = lambda index: types.SimpleNamespace(uuid="GPU-fake-0", name="fake")
 
     @contextmanager
     def stream(s):

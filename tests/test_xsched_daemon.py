@@ -148,6 +148,9 @@ class _Event:
         pass
 class _Cuda:
     Event = _Event
+    @staticmethod
+    def is_initialized():
+        return False
 cuda = _Cuda()
 '''
 

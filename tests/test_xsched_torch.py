@@ -26,20 +26,28 @@ def model(torch, name, layers, kernel_s):
     return torch.nn.Module(*[torch.nn.Module(kernel_s=kernel_s, name=f"{name}{i}") for i in range(layers)])
 
 
+def other_client(xt, priority):
+    """A registered client of another thread or process that has issued no request yet."""
+    from xsched_lv3.gate import Gate
+    return Gate(xt.TorchRecorder(), priority, window_us=None)
+
+
 def test_low_priority_yields_while_high_priority_is_active(torch_fake):
     torch, gpu, xt = torch_fake
-    lp_model, hp_model = model(torch, "lp", 400, 0.0005), model(torch, "hp", 10, 0.0005)
+    lp_model, hp_model = model(torch, "lp", 40, 0.0005), model(torch, "hp", 10, 0.0005)
     stop = threading.Event()
 
     def lp():
         with xt.client(priority=0, window_us=1000) as gate:
             while not stop.is_set():
                 lp_model(None)
+                torch.cuda.Stream().synchronize()    # a batch job reading its results
             lp.gate = gate
     t = threading.Thread(target=lp)
     t.start()
     time.sleep(0.05)
-    with xt.client(priority=10, window_us=None):
+    with xt.client(priority=10):
+        time.sleep(0.05)                         # the LP's next request sees us registered
         hp_model(None)
         torch.cuda.Stream().synchronize()
     stop.set()
@@ -54,28 +62,108 @@ def test_low_priority_yields_while_high_priority_is_active(torch_fake):
     assert lp.gate.waits >= 1
 
 
+def test_top_priority_client_pays_only_the_fast_path(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 60, 0.001)
+    lp = other_client(xt, priority=0)          # a lower client shares the GPU: only it yields
+    with xt.client(priority=10) as gate:
+        t0 = time.monotonic()
+        m(None)
+        launched_in = time.monotonic() - t0
+        assert not gate.guarded and gate.window is None
+    assert launched_in < 0.03                  # never throttled to the GPU's pace (60 ms of kernels)
+    assert gpu.events_recorded == 1            # one completion event for the request, no sync points
+    lp.close()
+
+
+def test_a_client_alone_records_nothing(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 30, 0.0001)
+    with xt.client(priority=0) as gate:
+        for _ in range(3):
+            m(None)
+        assert not gate.guarded and not gate.tracking and gate._watcher is None
+        assert gate.board.read_slot(gate.slot)[2] == 0       # nobody reads its activity: not marked
+    assert gpu.events_recorded == 0
+
+
 def test_window_bounds_in_flight_work(torch_fake):
     torch, gpu, xt = torch_fake
     m = model(torch, "k", 60, 0.001)            # 1 ms kernels
-    with xt.client(priority=0, window_us=3000):
+    hp = other_client(xt, priority=10)          # registered, idle: the LP may run, windowed
+    with xt.client(priority=0, window_us=3000) as gate:
+        assert gate.guarded
         t0 = time.monotonic()
         m(None)
         launch_done = time.monotonic()
     ahead = gpu.busy_until - launch_done         # GPU work still queued when the CPU finished
     assert ahead < 0.0065                        # ~window + one sync interval, not 60 ms
     assert launch_done - t0 > 0.04               # the CPU was held back to the GPU's pace
+    hp.close()
+
+
+def test_a_launch_bound_client_does_not_stall_on_finished_sync_points(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 200, 0.0)              # the GPU is never behind
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0, window_us=100) as gate:
+        for _ in range(5):
+            m(None)
+        assert gate.blocked_syncs <= 1           # at most the first, which calibrates nothing
+    hp.close()
 
 
 def test_request_activity_marks_the_board(torch_fake):
     torch, gpu, xt = torch_fake
     m = model(torch, "k", 5, 0.01)
-    with xt.client(priority=3, window_us=None) as gate:
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=3) as gate:
         m(None)
         assert gate.board.read_slot(gate.slot)[2] == 1       # active while its work runs
         deadline = time.monotonic() + 1
         while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
             time.sleep(0.005)
         assert gate.board.read_slot(gate.slot)[2] == 0       # idle once it completed
+    lp.close()
+
+
+def test_a_raising_request_ends_and_releases_lower_clients(torch_fake):
+    torch, gpu, xt = torch_fake
+    failing = torch.nn.Module(torch.nn.Module(kernel_s=0.001, name="hp0"), torch.nn.Raising(kernel_s=0.001, name="hp1"))
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10) as gate:
+        with pytest.raises(RuntimeError, match="request failed"):
+            failing(None)
+        deadline = time.monotonic() + 1
+        while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gate.board.read_slot(gate.slot)[2] == 0       # idle again: the LP is not held for good
+        lp._refresh(time.monotonic())
+        assert lp._may_run
+    lp.close()
+
+
+def test_work_a_parent_launches_between_its_children_is_gated(torch_fake):
+    torch, gpu, xt = torch_fake
+    hp = other_client(xt, priority=10)
+    ended = {}
+
+    class HighPriorityArrives(torch.nn.Module):
+        def forward(self, x):                      # the HP becomes active while the LP is in child 0
+            hp.begin_request()
+
+            def finish():
+                time.sleep(0.05)
+                ended["at"] = time.monotonic()
+                hp._mark(False)
+            threading.Thread(target=finish).start()
+            return x
+    block = torch.nn.Attention(HighPriorityArrives(), torch.nn.Module(kernel_s=0.0, name="out"), name="attn")
+    with xt.client(priority=0):
+        block(None)
+    sdpa = gpu.launched_at[[n for n, *_ in gpu.launched].index("attn.sdpa")]
+    assert sdpa >= ended["at"]                     # held from the moment the HP became active
+    hp.close()
 
 
 def test_unbound_threads_are_not_gated(torch_fake):

@@ -18,11 +18,13 @@ from kfdtool.pids import alive
 
 from .policy import QueueState
 
-MAGIC = b"XSLV3B01"
+MAGIC = b"XSLV3B02"
 SLOTS = 32
 HEADER = struct.Struct("<8sII")                 # magic, slots, policy generation
-SLOT = struct.Struct("<iiIIddddid")             # pid, priority, active, owner_tid, ready_since,
-#                                                 utilization, deadline_us, laxity_us, crit_prio, pad
+SLOT = struct.Struct("<iiIIddddiII")            # pid, priority, active, owner_tid, ready_since,
+#                                                 utilization, deadline_us, laxity_us, crit_prio,
+#                                                 device (a key naming one GPU across processes; 0 =
+#                                                 unknown), reserved
 SEQS_OFFSET = HEADER.size
 SLOTS_OFFSET = SEQS_OFFSET + 4 * SLOTS
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
@@ -31,7 +33,8 @@ NAN = float("nan")
 
 def default_path():
     base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    return os.environ.get("XSCHED_LV3_BOARD") or f"{base}/xsched-lv3-{os.getuid()}.board"
+    # the layout version is in the name, so a board left by an older release is never misread
+    return os.environ.get("XSCHED_LV3_BOARD") or f"{base}/xsched-lv3-{os.getuid()}.{MAGIC[-3:].decode()}.board"
 
 
 class Board:
@@ -55,19 +58,19 @@ class Board:
         os.close(self.fd)
 
     # --- slots ----------------------------------------------------------------------------------
-    def allocate(self, pid, priority=0, tid=0):
+    def allocate(self, pid, priority=0, tid=0, device=0):
         with _flock(self.fd):
             for i in range(SLOTS):
                 owner = self.read_slot(i)[0]
                 if owner == 0 or not alive(owner):
                     SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size, pid, priority, 0, tid, NAN,
-                                   NAN, NAN, NAN, 0, 0.0)
+                                   NAN, NAN, NAN, 0, device, 0)
                     self._bump(i)
                     return i
         raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
 
     def release(self, slot):
-        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, 0, 0, 0, 0, NAN, NAN, NAN, NAN, 0, 0.0)
+        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, 0, 0, 0, 0, NAN, NAN, NAN, NAN, 0, 0, 0)
         self._bump(slot)
 
     def read_slot(self, slot):
@@ -90,7 +93,7 @@ class Board:
     def set_hint(self, slot, name, value):
         off = SLOTS_OFFSET + slot * SLOT.size
         fields = {"priority": (4, "<i"), "utilization": (24, "<d"), "deadline_us": (32, "<d"),
-                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i")}
+                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i"), "device": (52, "<I")}
         where, fmt = fields[name]
         struct.pack_into(fmt, self.mm, off + where, value)
         self._bump(slot)
@@ -112,7 +115,7 @@ class Board:
         """QueueStates of every occupied slot (id = slot index)."""
         out = []
         for i in range(SLOTS):
-            pid, prio, active, tid, since, util, ddl, lax, crit, _ = self.read_slot(i)
+            pid, prio, active, tid, since, util, ddl, lax, crit, device, _ = self.read_slot(i)
             if pid == 0:
                 continue
             hints = {"priority": prio}
@@ -121,16 +124,16 @@ class Board:
                     hints[name] = value
             if crit:
                 hints["critical_priority"] = crit
-            out.append(QueueState(i, 0, bool(active), since if since == since else None, hints))
+            out.append(QueueState(i, device, bool(active), since if since == since else None, hints))
         return out
 
     def clients(self):
-        """[(slot, pid, tid, priority, active)] for status displays."""
+        """[(slot, pid, tid, priority, active, device)] for status displays."""
         out = []
         for i in range(SLOTS):
-            pid, prio, active, tid, *_ = self.read_slot(i)
+            pid, prio, active, tid, *_, device, _ = self.read_slot(i)
             if pid:
-                out.append((i, pid, tid, prio, bool(active)))
+                out.append((i, pid, tid, prio, bool(active), device))
         return out
 
     def reap(self):

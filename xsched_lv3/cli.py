@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .board import Board
 from .policy import HINTS, POLICIES, check_hint
+from .window import DEFAULT_WINDOW_US
 
 EPILOG = """examples:
   xsched-lv3 daemon --policy hpf &                  # the multi-process scheduler
@@ -30,7 +31,9 @@ def build_parser():
     r = sub.add_parser("run", help="run a program with its PyTorch work scheduled")
     r.add_argument("--priority", type=int, default=0)
     r.add_argument("--policy", choices=list(POLICIES), default="hpf")
-    r.add_argument("--window-us", type=float, default=500.0, help="progressive launch window (GPU time)")
+    r.add_argument("--window-us", type=float, default=None,
+                   help=f"most GPU time this client leaves in flight while a higher-priority one shares its GPU "
+                        f"(default {DEFAULT_WINDOW_US:g}; 0: unbounded)")
     r.add_argument("--utilization", type=float)
     r.add_argument("--deadline-us", type=float)
     r.add_argument("--laxity-us", type=float)
@@ -61,7 +64,13 @@ def cmd_run(args):
     if not argv:
         raise ValueError("nothing to run: xsched-lv3 run [options] -- program [args]")
     env = dict(os.environ, XSCHED_LV3_PRIORITY=str(check_hint("priority", args.priority)),
-               XSCHED_LV3_POLICY=args.policy, XSCHED_LV3_WINDOW_US=str(args.window_us))
+               XSCHED_LV3_POLICY=args.policy)
+    if args.window_us is not None:
+        if not args.window_us >= 0:
+            raise ValueError("--window-us must be >= 0 (0: unbounded)")
+        env["XSCHED_LV3_WINDOW_US"] = str(args.window_us)
+    else:
+        env.pop("XSCHED_LV3_WINDOW_US", None)
     for name in ("utilization", "deadline_us", "laxity_us"):
         value = getattr(args, name)
         if value is not None:
@@ -82,9 +91,9 @@ def cmd_status(args):
         print("no scheduled clients")
         return 0
     print(f"policy: {board.policy() or 'per client'}")
-    print(f"{'SLOT':>4} {'PID':>8} {'TID':>8} {'PRIO':>5} STATE")
-    for slot, pid, tid, prio, active in clients:
-        print(f"{slot:>4} {pid:>8} {tid:>8} {prio:>5} {'active' if active else 'idle'}")
+    print(f"{'SLOT':>4} {'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} STATE")
+    for slot, pid, tid, prio, active, device in clients:
+        print(f"{slot:>4} {pid:>8} {tid:>8} {prio:>5} {device or '-':>10} {'active' if active else 'idle'}")
     return 0
 
 

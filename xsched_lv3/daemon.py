@@ -99,7 +99,8 @@ class Daemon:
             return {"ok": True, "slot": slot}
         if op == "status":
             return {"ok": True, "policy": self.board.policy(), "clients": [
-                {"slot": s, "pid": p, "tid": t, "priority": prio, "active": a} for s, p, t, prio, a in self.board.clients()]}
+                {"slot": s, "pid": p, "tid": t, "priority": prio, "active": a, "device": d}
+                for s, p, t, prio, a, d in self.board.clients()]}
         if op == "hint":
             target = int(msg["pid"])
             value = check_hint(msg["name"], msg["value"])

@@ -1,111 +1,195 @@
 """The inline gate: XSched's XQueue semantics run on the launching thread itself, for frameworks
-whose launches we cannot cheaply buffer (PyTorch eager). Before each command: may this client run
-now (the policy over the shared board)? is its in-flight work within the progressive window?
-After each command: place a sync point when the window says so. No worker thread, no per-command
-copy: a few microseconds per gated call."""
+whose launches we cannot cheaply buffer (PyTorch eager).
+
+A gate costs only what its position on the board requires (the fast path is the common case):
+  * registered at once (so clients below it make room before its first request), with its GPU
+    filled in at the first request that finds the GPU in use (until then it counts as sharing
+    every GPU);
+  * **free** while no client of higher priority shares its device: no window, no checks on each
+    module, nothing but one 128-byte board comparison per request. The top-priority client on a
+    device is never windowed or held;
+  * **tracking** (marks itself active/idle per request) only while a lower-priority client shares
+    its device, since only those clients read that state;
+  * **guarded** while a higher-priority client shares its device (or the policy is not strict
+    priority): before and after each module it asks the policy whether it may run and keeps its
+    in-flight GPU work within the progressive window, so a higher-priority arrival waits at most
+    one window of its work (Lv1: launched kernels cannot be stopped).
+The state is re-read whenever the board changes (one comparison of the slots' sequence numbers).
+"""
 import os
 import threading
 import time
+from collections import deque
 
 from .board import Board
-from .policy import make_policy
-from .window import ProgressiveWindow
+from .policy import check_hint, make_policy
+from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
-POLL_MIN_S, POLL_MAX_S = 50e-6, 500e-6     # held back: poll the board with backoff (GIL-friendly)
+POLL_MIN_S, POLL_MAX_S = 20e-6, 200e-6     # held back: poll the board with backoff (GIL-friendly)
 REAP_EVERY_S = 0.05
 
 
 class Gate:
-    def __init__(self, recorder, priority=0, policy="hpf", window_us=300.0, board=None, name=None, **hints):
-        self.recorder = recorder              # record(blocking=False) -> handle; wait(handle)
-        self.board = board or Board()
-        self.slot = self.board.allocate(os.getpid(), priority, threading.get_native_id())
-        for key, value in hints.items():
-            self.board.set_hint(self.slot, key, value)
+    def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, name=None,
+                 **hints):
+        # recorder: record(blocking) -> handle, done(handle) (never blocks), wait(handle),
+        #           device_key() -> an int naming the GPU in use, or None while no GPU is in use
+        self.recorder = recorder
+        self.priority = check_hint("priority", priority)
+        self.hints = {k: check_hint(k, v) for k, v in hints.items()}
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
-        # the top priority has nobody to make room for: window_us=None disables the window
-        self.window = ProgressiveWindow(window_us) if window_us else None
+        self.window_us = window_us                 # None or 0: never windowed (in-flight work unbounded)
         self.name = name or f"pid{os.getpid()}"
+        self.board = board or Board()
+        self.device = recorder.device_key() or 0   # 0: not known yet
+        self.guarded = False                       # read on every module call
+        self.tracking = False
+        self.window = None
         self._seqs = None
         self._may_run = True
         self._wake_at = None
         self._requests = 0
+        self._active = False
         self._last_done_at = None
-        self.waits = 0                        # times this client was held back (for reports)
+        self.waits = 0                             # times this client was held back (for reports)
         self.held_s = 0.0
+        self.blocked_syncs = 0                     # window waits that found the GPU behind
         self._lock = threading.Lock()
-        self._watch = []
+        self._watch = deque()
         self._watch_cv = threading.Condition()
-        self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
-        self._watcher.start()
+        self._watcher = None
+        self.slot = self.board.allocate(os.getpid(), self.priority, threading.get_native_id(), self.device)
+        for key, value in self.hints.items():
+            self.board.set_hint(self.slot, key, value)
+        self._refresh(time.monotonic())
 
-    # --- requests (a top-level forward) -----------------------------------------------------------
+    # --- the board's view ----------------------------------------------------------------------------
+
+    def _refresh(self, now):
+        """Re-read the board: which mode this client is in, and whether it may run now."""
+        board = self.board
+        board_policy = board.policy()               # set by the daemon: it wins over our own
+        if board_policy and board_policy != self.policy.name:
+            self.policy = make_policy(board_policy)
+        self._seqs = board.seqs()                   # before the states: a write during the read shows next time
+        states = board.states()
+        me = next((q for q in states if q.id == self.slot), None)
+        if me is None:                              # our slot was released under us (a daemon restart)
+            self.slot = None
+            self._set_mode(False, False)
+            return
+        mine = me.hints.get("priority", 0)
+        peers = [q.hints.get("priority", 0) for q in states
+                 if q.id != self.slot and (q.device == me.device or not q.device or not me.device)]
+        if self.policy.strict_priority:
+            self._set_mode(any(p > mine for p in peers), any(p < mine for p in peers))
+        else:                                       # shares, deadlines: everyone may have to yield
+            self._set_mode(bool(peers), bool(peers))
+        if self.guarded:
+            decision = self.policy.decide(states, now)
+            self._may_run = self.slot in decision.run
+            self._wake_at = decision.wake_at
+        else:
+            self._may_run, self._wake_at = True, None
+
+    def _set_mode(self, guarded, tracking):
+        if guarded and not self.guarded and self.window_us:
+            self.window = ProgressiveWindow(self.window_us)
+            self._last_done_at = None
+            if self.device:                        # GPU in use: what we launched while free is in
+                window = self.window               # flight too; count it as a full window, so the
+                window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next check
+                window.recorded(self.recorder.record(), time.monotonic())         # drains it
+        elif not guarded:
+            self.window = None
+        self.guarded = guarded
+        if tracking and not self.tracking and self._watcher is None:
+            self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
+            self._watcher.start()
+        if not tracking and self._active:
+            self._mark(False)
+        self.tracking = tracking
+
+    # --- requests (a top-level module call) -------------------------------------------------------------
     def begin_request(self):
-        with self._lock:
-            self._requests += 1
-        self.board.set_active(self.slot, True)
+        if self.slot is None:
+            return                                 # closed, or released by a daemon restart
+        if not self.device:
+            self.device = self.recorder.device_key() or 0
+            if self.device:
+                self.board.set_hint(self.slot, "device", self.device)
+        if self._seqs != self.board.seqs():
+            self._refresh(time.monotonic())
+        if self.tracking:
+            with self._lock:
+                self._requests += 1
+                self._mark(True)
 
     def end_request(self):
-        """Work of this request is launched; the client is idle once it completes on the GPU."""
+        """Work of this request is launched; the client is idle once it completes on the GPU.
+        Called from a `finally`: a request that raises ends too."""
+        if not self.tracking:
+            return
         handle = self.recorder.record(blocking=True)       # waited on by the watcher, off the hot path
         with self._watch_cv:
             self._watch.append((self._requests, handle))
             self._watch_cv.notify()
+
+    def _mark(self, active):
+        self._active = active
+        if self.slot is not None:
+            self.board.set_active(self.slot, active)
 
     def _idle_watcher(self):
         while True:
             with self._watch_cv:
                 while not self._watch:
                     self._watch_cv.wait()
-                request, handle = self._watch.pop(0)
+                request, handle = self._watch.popleft()
             self.recorder.wait(handle)
             with self._lock:
-                if request == self._requests:       # no new request began meanwhile
-                    self.board.set_active(self.slot, False)
+                if request == self._requests and self._active:    # no new request began meanwhile
+                    self._mark(False)
 
-    # --- per command --------------------------------------------------------------------------------
-    def _decide(self, now):
-        board_policy = self.board.policy()          # set by the daemon: it wins over our own
-        if board_policy and board_policy != self.policy.name:
-            self.policy = make_policy(board_policy)
-        decision = self.policy.decide(self.board.states(), now)
-        self._may_run = self.slot in decision.run
-        self._wake_at = decision.wake_at
-        self._seqs = self.board.seqs()
-
-    def before_launch(self):
-        # hot path (every leaf module): one 128-byte compare unless something changed
+    # --- per module call, while guarded ------------------------------------------------------------------
+    def before_module(self):
         if self._seqs != self.board.seqs() or (self._wake_at is not None and time.monotonic() >= self._wake_at):
-            self._decide(time.monotonic())
+            self._refresh(time.monotonic())
+            if not self.guarded:
+                return
         if not self._may_run:
             self._wait_turn(time.monotonic())
         window = self.window
-        if window is None or not window.pending:
-            return
-        handle = window.must_wait()
-        if handle is not None:
-            self.recorder.wait(handle)
-            done = time.monotonic()
-            self.window.completed(done, self._last_done_at)
-            self._last_done_at = done
+        if window is not None and window.over():
+            window.retire(self.recorder.done)          # the GPU may already be past them: no wait
+            if window.over():
+                self.blocked_syncs += 1
+                self.recorder.wait(window.pending[0][0])
+                done = time.monotonic()
+                window.completed(done, self._last_done_at)
+                self._last_done_at = done
+
+    def after_module(self):
+        window = self.window
+        if window is not None and window.after_launch():
+            window.recorded(self.recorder.record(), time.monotonic())
+        self.before_module()                       # kernels a parent launches after this child are gated too
 
     def _wait_turn(self, start):
         self.waits += 1
         last_reap = start
         poll = POLL_MIN_S
-        while not self._may_run:
+        while not self._may_run and self.guarded:
             time.sleep(poll)
             poll = min(POLL_MAX_S, poll * 2)
             now = time.monotonic()
             if now - last_reap > REAP_EVERY_S:
                 self.board.reap()                 # a dead client must not hold us back forever
                 last_reap = now
-            self._decide(now)
+            self._refresh(now)
         self.held_s += time.monotonic() - start
 
-    def after_launch(self):
-        if self.window is not None and self.window.after_launch():
-            self.window.recorded(self.recorder.record(), time.monotonic())
-
     def close(self):
-        self.board.release(self.slot)
+        if self.slot is not None:
+            self.board.release(self.slot)
+            self.slot = None

@@ -30,6 +30,9 @@ class Decision:
 
 class Policy(ABC):
     name = "abstract"
+    # True when a queue is held back only by queues of higher priority on its device: then the top
+    # priority is never held and a queue with nobody above it needs no gating at all
+    strict_priority = False
 
     @abstractmethod
     def decide(self, queues, now):
@@ -40,6 +43,7 @@ class HighestPriorityFirst(Policy):
     """Per device: run the ready queues of the highest ready priority, and every idle queue (an idle
     queue has nothing to hold back, and must not lose its first command to a suspend)."""
     name = "hpf"
+    strict_priority = True
 
     def decide(self, queues, now):
         top = {}

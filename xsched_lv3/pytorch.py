@@ -2,12 +2,16 @@
 
 `install()` wraps torch.nn.Module.__call__ once. A thread bound to a client (see `client()`), or
 every thread of a process started by `xsched-lv3 run`, then
-  * marks its client active when a top-level module call starts, and idle once that call's GPU
-    work completes (an event watched off the hot path);
-  * before every leaf module (conv, linear, norm, ...) asks the gate whether it may launch now
-    (the policy on the shared board) and keeps its in-flight GPU work within the window.
-The gate throttles the launching thread, not a stream, so it covers the default stream, other
-streams and CUDA graphs launched from modules alike. Cost: one wrapper per module call.
+  * treats each top-level module call as a request: marks its client active when it starts and
+    idle once its GPU work completes (an event watched off the hot path), if a lower-priority
+    client shares the GPU;
+  * while a higher-priority client shares the GPU, asks the gate before and after every module
+    call (leaf or not, so work a parent launches between its children is gated too) whether it
+    may launch now, and keeps its in-flight GPU work within the window.
+The gate throttles the launching thread, not a stream, so it covers the default stream and other
+streams alike. Not covered: kernels launched outside any module call (plain functions on tensors
+between two model calls), and the inside of a captured CUDA/HIP graph, which is one launch.
+A client with nobody above it pays one wrapper per module call and one board read per request.
 
     import xsched_lv3.pytorch as xt
     xt.install()
@@ -16,9 +20,11 @@ streams and CUDA graphs launched from modules alike. Cost: one wrapper per modul
 """
 import os
 import threading
+import zlib
 from contextlib import contextmanager
 
 from .gate import Gate
+from .window import DEFAULT_WINDOW_US
 
 _local = threading.local()
 _process_gate = None
@@ -26,25 +32,39 @@ _installed = False
 
 
 class TorchRecorder:
-    """Sync points as CUDA/HIP events on the current stream."""
+    """Sync points as CUDA/HIP events on the current stream, and the GPU in use."""
 
     def __init__(self):
         import torch
         self.torch = torch
 
     def record(self, blocking=False):
-        """blocking=True for waits off the hot path (request completion): the waiting thread then
+        """blocking=True for waits off the hot path (request completion): the watcher thread then
         sleeps instead of spinning in the driver next to the launching thread. Window sync points
-        stay spinning, because their wake-up latency is launch latency. On an H200, spinning
-        everywhere cost LP-alone b16 26 % of its throughput and blocking everywhere cost the
-        cross-process LP more (results/bench_two_models_overhead.json, ..._b16_blocking.json);
-        this split was chosen from those two runs and has not been measured itself."""
+        spin: their wake-up latency is launch latency."""
         event = self.torch.cuda.Event(blocking=blocking)
         event.record()
         return event
 
+    def done(self, event):
+        return event.query()
+
     def wait(self, event):
         event.synchronize()         # releases the GIL while it waits
+
+    def device_key(self):
+        """A number naming the current GPU the same way in every process (from its UUID, else its PCI
+        address; CUDA_VISIBLE_DEVICES renumbers indices), or None while this process has not
+        initialised the GPU: a module call then runs on the CPU and there is nothing to schedule."""
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return None
+        props = cuda.get_device_properties(cuda.current_device())
+        name = str(getattr(props, "uuid", "") or "")
+        if not name:
+            name = f"{getattr(props, 'pci_domain_id', 0)}:{getattr(props, 'pci_bus_id', 0)}:" \
+                   f"{getattr(props, 'pci_device_id', 0)}:{props.name}"
+        return zlib.crc32(name.encode()) or 1
 
 
 def _gate():
@@ -67,18 +87,17 @@ def install():
         depth = state.get("depth", 0)
         if depth == 0:
             gate.begin_request()
-        leaf = not module._modules
-        if leaf:
-            gate.before_launch()
-        _local.depth = depth + 1
+        if gate.guarded:                    # only while a higher-priority client shares the GPU
+            gate.before_module()
+        state["depth"] = depth + 1
         try:
             out = original(module, *args, **kwargs)
         finally:
-            _local.depth = depth
-        if leaf:
-            gate.after_launch()
-        if depth == 0:
-            gate.end_request()
+            state["depth"] = depth
+            if depth == 0:
+                gate.end_request()          # also when the request raised: never left active
+        if gate.guarded:
+            gate.after_module()
         return out
 
     torch.nn.Module.__call__ = scheduled_call
@@ -86,7 +105,7 @@ def install():
 
 
 @contextmanager
-def client(priority=0, policy="hpf", window_us=300.0, **hints):
+def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
     """Bind the current thread to a scheduled client for the duration of the block."""
     install()
     gate = Gate(TorchRecorder(), priority, policy, window_us, name=f"tid{threading.get_native_id()}", **hints)
@@ -120,7 +139,8 @@ def enable_for_process():
                       ("XSCHED_LV3_LAXITY_US", "laxity_us")):
         if os.environ.get(env):
             hints[name] = float(os.environ[env])
+    window = os.environ.get("XSCHED_LV3_WINDOW_US")
     _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
                          os.environ.get("XSCHED_LV3_POLICY", "hpf"),
-                         float(os.environ.get("XSCHED_LV3_WINDOW_US", "300")) or None, **hints)
+                         DEFAULT_WINDOW_US if window is None else float(window) or None, **hints)
     return _process_gate

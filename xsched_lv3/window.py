@@ -5,12 +5,22 @@ up to `threshold` commands of unknown length (~8T in its paper). Here the window
 sync point is placed every `sync_every_us` of estimated work and no more than `window_us` is ever
 in flight. The per-command estimate is learned from the spacing of completed sync points, so the
 window adapts to kernels of any length without a per-kernel profile.
+
+The estimate is learned only from waits that blocked (the GPU was behind the CPU, so completion
+spacing is GPU time). When the CPU is the bottleneck, completion spacing is launch spacing, an
+over-estimate; such sync points are retired by a non-blocking query instead (`retire`), so a
+launch-bound client never stalls on a sync point its GPU has already passed.
 """
 from collections import deque
 
+# The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
+# held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
+# Chosen from the window sweep in results/bench_window_sweep.json (README, "Choosing the window").
+DEFAULT_WINDOW_US = 500.0
+
 
 class ProgressiveWindow:
-    def __init__(self, window_us=1000.0, sync_fraction=0.5, initial_cmd_us=50.0, min_commands=2,
+    def __init__(self, window_us=DEFAULT_WINDOW_US, sync_fraction=0.5, initial_cmd_us=50.0, min_commands=2,
                  calibration_commands=4):
         self.window_us = float(window_us)
         self.sync_every_us = self.window_us * sync_fraction
@@ -54,6 +64,21 @@ class ProgressiveWindow:
         if not self.calibrated and self.in_flight_commands >= self.calibration_commands:
             return self.pending[0][0]
         return None
+
+    def over(self):
+        """True when launching more would exceed the window (the caller then retires or waits)."""
+        if not self.pending:
+            return False
+        if self.pending_us + self.since_sync_us > self.window_us:
+            return True
+        return not self.calibrated and self.in_flight_commands >= self.calibration_commands
+
+    def retire(self, is_done):
+        """Drop the sync points that already completed (`is_done(handle)` must not block). Teaches
+        the estimate nothing: a sync point found done was not waited for."""
+        pending = self.pending
+        while pending and is_done(pending[0][0]):
+            self.pending_us = max(0.0, self.pending_us - pending.popleft()[1])
 
     def completed(self, now, previous_done_at):
         """The oldest sync point completed at `now`; learn the per-command GPU time from it."""

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .levels import Level, pick_level
-from .window import ProgressiveWindow
+from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
 _ids = itertools.count(1)
 
@@ -27,7 +27,7 @@ class Command:
 
 
 class XQueue:
-    def __init__(self, hwq, priority=0, level=None, window_us=1000.0, name=None, on_state=None):
+    def __init__(self, hwq, priority=0, level=None, window_us=DEFAULT_WINDOW_US, name=None, on_state=None):
         self.hwq = hwq
         self.level, self.level_reason = pick_level(hwq, level)
         self.id = next(_ids)
