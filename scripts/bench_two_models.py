@@ -1,253 +1,226 @@
 #!/usr/bin/env python3
-"""The seeds' two-model experiment on one GPU: a latency-critical ResNet-18 (batch 4, open-loop
-arrivals at 20 req/s, latency = completion - scheduled arrival, first second discarded) next to
-ResNet-50 inference (batch 16 and batch 64, back to back). Variants, all in one run on one GPU:
-HP alone, LP alone, native co-run, CUDA/HIP stream priorities, xsched_lv3 (inline gates + HPF).
-Both as two threads in one process and as two processes.
+"""Two models on one GPU, as a user runs them: a latency-critical service next to a batch job.
 
-    python scripts/bench_two_models.py [--seconds 10] [--modes threads processes]
-Results: results/bench_two_models.{json,png}. Ratios within the run are what count.
+Every job is an ordinary PyTorch program (scripts/workloads/serve.py, batch.py) with no scheduler
+imports. Variants, all measured in one run on one GPU:
+
+  hp-alone, lp-alone      each program by itself
+  lp-alone-xsched         the batch job alone under `xsched-lv3 run` (default options): its overhead
+  native                  both programs at once, no scheduler
+  xsched                  `xsched-lv3 run --priority 10 -- python serve.py ...` next to
+                          `xsched-lv3 run -- python batch.py ...`: default options everywhere
+  native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
+  xsched-threads          the same, each thread bound with `xt.client(priority=...)`, defaults
+
+The service takes open-loop requests (latency from scheduled arrival to result); the batch job runs
+back to back. Alone baselines are re-measured in every run, interleaved A/B with the scheduled LP
+alone, and every ratio is against the same run's baselines.
+
+    python scripts/bench_two_models.py --modes processes --rep 1      # one repetition, ~6 min on an H200
+    python scripts/bench_two_models.py --table results/bench_two_models_*.json   # the README table
+
+Results: results/bench_two_models_<modes>_r<rep>.json (git revision, dirty flag, command, card,
+CPU count in each).
 """
 import argparse
 import json
-import multiprocessing as mp
 import os
+import statistics
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from benchlib import latency_summary, open_loop  # noqa: E402  (next to this script)
-HP_RATE = 20.0
-HP_BATCH = 4
-WARMUP_S = 1.0
+WORK = REPO / "scripts" / "workloads"
+sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import latency_summary, provenance  # noqa: E402
+
+PAIRS = {                       # name: (HP model, batch), (LP model, batch)
+    "r18b4-r50b16": (("resnet18", 4), ("resnet50", 16)),
+    "r18b4-r50b64": (("resnet18", 4), ("resnet50", 64)),
+    "encb1-vitb32": (("encoder", 1), ("vit_b_16", 32)),
+}
+PY = sys.executable
 
 
-def build(name, batch, device="cuda"):
-    import torch
-    import torchvision
-    model = getattr(torchvision.models, name)(weights=None).to(device).eval()
-    x = torch.randn(batch, 3, 224, 224, device=device)
-    return model, x
+def xsched_run(argv, priority=None, window_us=None):
+    """`xsched-lv3 run` (the console script's main, through -m so no install is needed)."""
+    cmd = [PY, "-m", "xsched_lv3", "run"]
+    if priority is not None:
+        cmd += ["--priority", str(priority)]
+    if window_us is not None:
+        cmd += ["--window-us", str(window_us)]
+    return cmd + ["--"] + argv
 
 
-def warmed(name, batch, stream, iterations):
-    """build(), then `iterations` untimed forward passes on `stream` (cuDNN autotuning, caches)."""
-    import torch
-    model, x = build(name, batch)
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(iterations):
-            model(x)
-        stream.synchronize()
-    return model, x
+def run_together(commands, timeout_s, checkout=REPO):
+    """Start every command, wait until each says READY, give all the same start time, collect the
+    JSON each prints last. `checkout`: whose xsched_lv3 `-m xsched_lv3` runs."""
+    env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=checkout) for c in commands]     # -m puts the cwd first
+    try:
+        for p, c in zip(procs, commands):
+            line = p.stdout.readline()
+            if line.strip() != "READY":
+                raise RuntimeError(f"{' '.join(c)} did not start: {line!r} {p.stderr.read()[-2000:]}")
+        start_at = time.monotonic() + 0.5
+        for p in procs:
+            p.stdin.write(f"{start_at}\n")
+            p.stdin.flush()
+        out = {}
+        for p, c in zip(procs, commands):
+            stdout, stderr = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(c)} exited {p.returncode}: {stderr[-2000:]}")
+            out.update(json.loads(stdout.strip().splitlines()[-1]))
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
-def hp_loop(seconds, stream, start_at, results, gate_ctx=None):
-    """Open-loop requests at HP_RATE; latency from each request's scheduled arrival."""
-    import torch
-    model, x = warmed("resnet18", HP_BATCH, stream, 20)
-    ctx = gate_ctx() if gate_ctx else _null()
-
-    def request():
-        model(x)
-        stream.synchronize()
-    with torch.no_grad(), torch.cuda.stream(stream), ctx:
-        while time.monotonic() < start_at:
-            time.sleep(0.001)
-        results["hp_latencies_s"] = open_loop(HP_RATE, seconds, request, WARMUP_S)
-
-
-def lp_loop(seconds, batch, stream, start_at, results, stop_at=None, gate_ctx=None):
-    import torch
-    model, x = warmed("resnet50", batch, stream, 10)
-    ctx = gate_ctx() if gate_ctx else _null()
-    done = 0
-    with torch.no_grad(), torch.cuda.stream(stream), ctx as gate:
-        while time.monotonic() < start_at:
-            time.sleep(0.001)
-        t_begin = start_at + WARMUP_S
-        t_end = start_at + seconds
-        counted_from = None
-        while time.monotonic() < t_end:
-            model(x)
-            stream.synchronize()
-            now = time.monotonic()
-            if now >= t_begin:
-                if counted_from is None:
-                    counted_from = now
-                else:
-                    done += 1
-        results["lp_iters_per_s"] = done / (time.monotonic() - counted_from) if counted_from else 0.0
-        gate = gate if gate is not None and hasattr(gate, "waits") else _process_gate()
-        if gate is not None:
-            results["lp_gate_waits"], results["lp_gate_held_s"] = gate.waits, gate.held_s
+def commands(variant, pair, seconds, window_us=None):
+    (hp_model, hp_batch), (lp_model, lp_batch) = PAIRS[pair]
+    hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)]
+    lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)]
+    threads = [PY, str(WORK / "pair_threads.py"), "--hp", f"{hp_model}:{hp_batch}", "--lp", f"{lp_model}:{lp_batch}",
+               "--seconds", str(seconds)]
+    return {
+        "hp-alone": [hp],
+        "lp-alone": [lp],
+        "lp-alone-xsched": [xsched_run(lp, window_us=window_us)],
+        "lp-alone-xsched-baseline": [xsched_run(lp)],
+        "native": [hp, lp],
+        "xsched": [xsched_run(hp, priority=10), xsched_run(lp, window_us=window_us)],
+        "native-threads": [threads],
+        "xsched-threads": [threads + ["--scheduled"]],
+    }[variant]
 
 
-def _process_gate():
-    mod = sys.modules.get("xsched_lv3.pytorch")
-    return getattr(mod, "_process_gate", None) if mod else None
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
-def streams(variant):
-    import torch
-    lo, hi = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
-    if variant in ("priorities", "xsched"):
-        return torch.cuda.Stream(priority=hi), torch.cuda.Stream(priority=lo)
-    return torch.cuda.Stream(), torch.cuda.Stream()
-
-
-def gates(variant, window_us):
-    if variant not in ("xsched", "lp-alone-xsched"):
-        return None, None
-    import xsched_lv3.pytorch as xt
-    return (lambda: xt.client(priority=10, window_us=None)), (lambda: xt.client(priority=0, window_us=window_us))
-
-
-def run_threads(variant, batch, seconds, window_us):
-    hp_s, lp_s = streams(variant)
-    hp_gate, lp_gate = gates(variant, window_us)
-    res = {}
-    start_at = time.monotonic() + 8.0           # both models built and warm by then
-    threads = []
-    if not variant.startswith("lp-alone"):
-        threads.append(threading.Thread(target=hp_loop, args=(seconds, hp_s, start_at, res, hp_gate)))
-    if variant != "hp-alone":
-        threads.append(threading.Thread(target=lp_loop, args=(seconds, batch, lp_s, start_at, res, None, lp_gate)))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return res
-
-
-def _proc_main(role, variant, batch, seconds, window_us, start_at, queue):
-    import torch
-    torch.backends.cudnn.benchmark = False
-    hp_s, lp_s = streams(variant)
-    if variant in ("xsched", "lp-alone-xsched"):
-        # what `xsched-lv3 run --priority N` sets up in each process
-        os.environ["XSCHED_LV3_PRIORITY"] = "10" if role == "hp" else "0"
-        os.environ["XSCHED_LV3_WINDOW_US"] = "0" if role == "hp" else str(window_us)
-        from xsched_lv3.pytorch import enable_for_process
-        enable_for_process()
-    res = {}
-    if role == "hp":
-        hp_loop(seconds, hp_s if variant == "priorities" else torch.cuda.current_stream(), start_at, res)
-    else:
-        lp_loop(seconds, batch, lp_s if variant == "priorities" else torch.cuda.current_stream(), start_at, res)
-    queue.put(res)
-
-
-def run_processes(variant, batch, seconds, window_us):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    start_at = time.monotonic() + 15.0          # CLOCK_MONOTONIC is system-wide
-    roles = [r for r in ("hp", "lp") if not (variant == "hp-alone" and r == "lp") and
-             not (variant.startswith("lp-alone") and r == "hp")]
-    procs = [ctx.Process(target=_proc_main, args=(r, variant, batch, seconds, window_us, start_at, q)) for r in roles]
-    for p in procs:
-        p.start()
-    res = {}
-    for _ in procs:
-        res.update(q.get(timeout=seconds + 120))
-    for p in procs:
-        p.join()
-    return res
-
-
-def summarize(res):
+def summarize(raw):
     out = {}
-    if "hp_latencies_s" in res:
-        out.update(latency_summary(res["hp_latencies_s"]), hp_requests=len(res["hp_latencies_s"]))
-    for key in ("lp_iters_per_s", "lp_gate_waits", "lp_gate_held_s"):
-        if key in res:
-            out[key] = res[key]
+    if "hp_latencies_s" in raw:
+        out.update(latency_summary(raw["hp_latencies_s"]), hp_requests=len(raw["hp_latencies_s"]))
+    if "lp_iters_per_s" in raw:
+        out["lp_iters_per_s"] = raw["lp_iters_per_s"]
     return out
 
 
+def measure(args, doc):
+    def run(variant, pair, seconds):
+        t = time.monotonic()
+        checkout = args.baseline if variant.endswith("-baseline") else REPO
+        r = summarize(run_together(commands(variant, pair, seconds, args.window_us), seconds + 180, checkout))
+        row = {"pair": pair, "variant": variant, "wall_s": round(time.monotonic() - t, 1), **r}
+        doc["rows"].append(row)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        return r
+
+    hp_alone = {}
+    for pair in args.pairs:
+        hp = PAIRS[pair][0]
+        if hp not in hp_alone:
+            hp_alone[hp] = run("hp-alone", pair, args.seconds)
+        for _ in range(args.overhead_reps):                   # A/B interleaved: the host drifts
+            run("lp-alone", pair, args.alone_seconds)
+            if "processes" in args.modes:
+                run("lp-alone-xsched", pair, args.alone_seconds)
+                if args.baseline:
+                    run("lp-alone-xsched-baseline", pair, args.alone_seconds)
+        for mode in args.modes:
+            for variant in (("native", "xsched") if mode == "processes" else ("native-threads", "xsched-threads")):
+                run(variant, pair, args.seconds)
+
+
+def ratios(doc):
+    """Per (pair, variant): HP P99 over HP alone, LP throughput over LP alone (medians of the run's
+    alone rows for that pair), as in the README."""
+    rows = doc["rows"]
+    out = {}
+    for pair in dict.fromkeys(r["pair"] for r in rows):
+        hp = PAIRS[pair][0]
+        hp_alone = [r["hp_p99_ms"] for r in rows if r["variant"] == "hp-alone" and PAIRS[r["pair"]][0] == hp]
+        lp_alone = [r["lp_iters_per_s"] for r in rows if r["variant"] == "lp-alone" and r["pair"] == pair]
+        for r in rows:
+            if r["pair"] != pair or r["variant"] in ("hp-alone", "lp-alone"):
+                continue
+            got = out.setdefault((pair, r["variant"]), {})
+            if "hp_p99_ms" in r and hp_alone:
+                got["hp_p99_vs_alone"] = r["hp_p99_ms"] / statistics.median(hp_alone)
+            if "lp_iters_per_s" in r and lp_alone:
+                got.setdefault("lp_vs_alone_all", []).append(r["lp_iters_per_s"] / statistics.median(lp_alone))
+                got["lp_vs_alone"] = statistics.median(got["lp_vs_alone_all"])
+    return out
+
+
+def table(paths):
+    """The README table: median (min–max) over the repetitions in `paths`."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    per = {}
+    for doc in docs:
+        for key, r in ratios(doc).items():
+            for metric, value in r.items():
+                if metric != "lp_vs_alone_all":
+                    per.setdefault(key, {}).setdefault(metric, []).append(value)
+    cards = sorted({d["card"] for d in docs})
+
+    def cell(values, fmt):
+        if not values:
+            return "–"
+        return f"{fmt(statistics.median(values))} ({fmt(min(values))}–{fmt(max(values))})"
+    x, f2 = (lambda v: f"{v:.2f}x"), (lambda v: f"{v:.2f}")
+    lines = ["| pair (HP / LP) | variant | HP P99 vs alone | LP vs alone |",
+             "|---|---|---|---|"]
+    names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
+             "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
+    order = ["lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "native-threads", "xsched-threads"]
+    for pair in PAIRS:
+        for variant in order:
+            got = per.get((pair, variant))
+            if got:
+                lines.append(f"| {names[pair]} | {variant} | {cell(got.get('hp_p99_vs_alone', []), x)} | "
+                             f"{cell(got.get('lp_vs_alone', []), f2)} |")
+    reps = len(docs)
+    return "\n".join(lines) + f"\n\n{reps} repetitions on {', '.join(cards)}; median (min–max) of the ratios.\n"
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--modes", nargs="+", default=["threads", "processes"])
-    parser.add_argument("--batches", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--window-us", type=float, default=None,
-                        help="LP progressive window (default: 2000 for threads, where stream priorities let HP "
-                             "overtake in-flight LP work; 500 for processes, where they cannot)")
-    parser.add_argument("--variants", nargs="+", default=["native", "priorities", "xsched"],
-                        help="also: lp-alone-xsched (LP alone under the scheduler: its overhead)")
-    parser.add_argument("--out", default=str(REPO / "results" / "bench_two_models"))
-    args = parser.parse_args()
-    import torch
-    card = torch.cuda.get_device_name(0)
-    print(f"card: {card}; torch {torch.__version__}", flush=True)
-    doc = {"benchmark": "two models, one GPU", "card": card, "torch": torch.__version__,
-           "seconds": args.seconds, "window_us": args.window_us, "hp": "resnet18 b4 @ 20 req/s open loop",
-           "lp": "resnet50 inference back to back", "runs": []}
-    for mode in args.modes:
-        run_mode = run_threads if mode == "threads" else run_processes
-        window = args.window_us or (2000.0 if mode == "threads" else 500.0)
-        doc.setdefault("window_us_by_mode", {})[mode] = window
-
-        def run(variant, batch, seconds, _w, run_mode=run_mode, window=window):
-            return run_mode(variant, batch, seconds, window)
-        hp_alone = summarize(run("hp-alone", 0, args.seconds, args.window_us))
-        doc["runs"].append({"mode": mode, "variant": "hp-alone", **hp_alone})
-        print(mode, "hp-alone", hp_alone, flush=True)
-        for batch in args.batches:
-            lp_alone = summarize(run("lp-alone", batch, args.seconds, args.window_us))
-            doc["runs"].append({"mode": mode, "variant": "lp-alone", "lp_batch": batch, **lp_alone})
-            print(mode, "lp-alone", batch, lp_alone, flush=True)
-            for variant in args.variants:
-                r = summarize(run(variant, batch, args.seconds, args.window_us))
-                if variant == "lp-alone-xsched":
-                    r["lp_vs_alone"] = r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"]
-                    doc["runs"].append({"mode": mode, "variant": variant, "lp_batch": batch, **r})
-                    print(mode, variant, batch, {k: round(v, 3) for k, v in r.items()}, flush=True)
-                    continue
-                r["hp_p99_vs_alone"] = r["hp_p99_ms"] / hp_alone["hp_p99_ms"]
-                r["lp_vs_alone"] = r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"]
-                doc["runs"].append({"mode": mode, "variant": variant, "lp_batch": batch, **r})
-                print(mode, variant, batch, {k: round(v, 3) for k, v in r.items()}, flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
-    try:
-        plot(doc, args.out + ".png")
-    except ImportError:
-        pass
-    print(f"wrote {args.out}.json")
-
-
-def plot(doc, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [r for r in doc["runs"] if "hp_p99_vs_alone" in r]
-    if not rows:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--modes", nargs="+", choices=["processes", "threads"], default=["processes", "threads"])
+    p.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
+    p.add_argument("--seconds", type=float, default=26.0, help="per co-run variant (20 req/s: 500 requests after 1 s)")
+    p.add_argument("--alone-seconds", type=float, default=10.0, help="per LP-alone variant")
+    p.add_argument("--overhead-reps", type=int, default=2, help="A/B pairs of lp-alone / lp-alone-xsched")
+    p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C)")
+    p.add_argument("--rep", type=int, default=1)
+    p.add_argument("--out", help="results file (default results/bench_two_models_<modes>_r<rep>.json)")
+    p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the README table of these results")
+    args = p.parse_args()
+    if args.table:
+        print(table(args.table), end="")
         return
-    labels = [f"{r['mode'][:4]} b{r['lp_batch']}\n{r['variant']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["hp_p99_vs_alone"] for r in rows], 0.4, label="HP P99 / HP-alone P99")
-    ax.bar([x + 0.2 for x in xs], [r["lp_vs_alone"] for r in rows], 0.4, label="LP iter/s / LP-alone")
-    ax.axhline(1.10, color="tab:blue", ls="--", lw=1)
-    ax.axhline(0.90, color="tab:orange", ls="--", lw=1)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_title(f"ResNet-18 (HP) + ResNet-50 (LP) on {doc['card']} — targets: HP ≤ 1.10x, LP ≥ 0.90x")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    import torch                    # its version only: this process never touches the GPU
+    doc = {"benchmark": "two models, one GPU, as users run them", **provenance(), "torch": torch.__version__,
+           "hp_rate_per_s": 20.0, "seconds": args.seconds,
+           "alone_seconds": args.alone_seconds, "window_us": args.window_us, "modes": args.modes,
+           "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep, "rows": []}
+    print(f"{doc['card']}, {doc['cpu_count']} CPUs, {doc['git_revision']}{' (dirty)' if doc['git_dirty'] else ''}",
+          flush=True)
+    measure(args, doc)
+    doc["ratios"] = {f"{k[0]} {k[1]}": v for k, v in ratios(doc).items()}
+    out = Path(args.out or REPO / "results" / f"bench_two_models_{'_'.join(args.modes)}_r{args.rep}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for key, r in doc["ratios"].items():
+        print(key, {k: round(v, 3) for k, v in r.items() if k != "lp_vs_alone_all"})
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

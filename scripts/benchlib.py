@@ -27,3 +27,38 @@ def latency_summary(latencies_s, prefix="hp"):
     lat = sorted(latencies_s)
     return {f"{prefix}_p50_ms": statistics.median(lat) * 1e3, f"{prefix}_p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1e3,
             f"{prefix}_max_ms": lat[-1] * 1e3}
+
+
+def provenance(argv=None):
+    """What every results file records: git revision and dirty flag (from git, or from
+    BENCH_GIT_REVISION / BENCH_GIT_DIRTY where the tree was copied without .git, as on the device
+    machine), the exact command, the host's CPU count, and the GPU's name from the driver's tool."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*cmd):
+        try:
+            r = subprocess.run(["git", "-C", str(repo), *cmd], capture_output=True, text=True, timeout=10)
+            return r.stdout.strip() if r.returncode == 0 else None
+        except OSError:
+            return None
+    rev = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if rev else None
+    if rev is None:
+        rev = os.environ.get("BENCH_GIT_REVISION", "unknown")
+        dirty = os.environ.get("BENCH_GIT_DIRTY", "unknown") == "1"
+    card = None
+    for tool in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], ["rocm-smi", "--showproductname"]):
+        try:
+            r = subprocess.run(tool, capture_output=True, text=True, timeout=20)
+            if r.returncode == 0 and r.stdout.strip():
+                card = r.stdout.strip().splitlines()[0]
+                break
+        except OSError:
+            continue
+    return {"git_revision": rev, "git_dirty": dirty,
+            "command": " ".join([Path(sys.executable).name] + (argv if argv is not None else sys.argv)),
+            "cpu_count": os.cpu_count(), "card": card}

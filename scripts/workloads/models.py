@@ -1,0 +1,34 @@
+"""The models the two-model benchmark runs, built with random weights (nothing is downloaded).
+
+    resnet18, resnet50    torchvision CNNs, input batch x 3 x 224 x 224
+    vit_b_16              torchvision Vision Transformer (attention inside nn.MultiheadAttention,
+                          a non-leaf module whose own forward launches most of the block's kernels)
+    encoder               nn.TransformerEncoder, 6 layers, d_model 512, 8 heads, batch x 128 tokens
+"""
+import time
+
+MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder")
+
+
+def build(name, batch, device="cuda"):
+    import torch
+    if name == "encoder":
+        layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+        x = torch.randn(batch, 128, 512, device=device)
+    else:
+        import torchvision
+        model = getattr(torchvision.models, name)(weights=None)
+        x = torch.randn(batch, 3, 224, 224, device=device)
+    return model.to(device).eval(), x
+
+
+def wait_for_start():
+    """Say READY once warm, then wait for the common start time (CLOCK_MONOTONIC, system-wide) on
+    stdin, so that every program of a run measures over the same interval."""
+    print("READY", flush=True)
+    line = input()
+    start_at = float(line)
+    while time.monotonic() < start_at:
+        time.sleep(0.0005)
+    return start_at

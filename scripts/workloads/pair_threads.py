@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Both jobs as two threads of one process: the HP service (serve.py's loop) and the LP batch job
+(batch.py's loop), each on its own stream without priorities. With --scheduled each thread is a
+client of xsched_lv3 through `xt.client` with default options (HP priority 10, LP 0).
+
+    python pair_threads.py --hp resnet18:4 --lp resnet50:16 [--scheduled] [--no-hp | --no-lp]
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batch import run_batches  # noqa: E402
+from models import build  # noqa: E402
+from serve import serve, warm  # noqa: E402
+
+
+def spec(text):
+    name, _, batch = text.partition(":")
+    return name, int(batch or 1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hp", type=spec, default=("resnet18", 4))
+    p.add_argument("--lp", type=spec, default=("resnet50", 16))
+    p.add_argument("--rate", type=float, default=20.0)
+    p.add_argument("--seconds", type=float, default=26.0)
+    p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--scheduled", action="store_true", help="bind each thread with xt.client (defaults)")
+    p.add_argument("--no-hp", action="store_true")
+    p.add_argument("--no-lp", action="store_true")
+    args = p.parse_args()
+    import torch
+    xt = None
+    if args.scheduled:
+        import xsched_lv3.pytorch as xt
+    results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
+
+    def role(kind, priority, fn):
+        name, batch = args.hp if kind == "hp" else args.lp
+        stream = torch.cuda.Stream()
+        ctx = xt.client(priority=priority) if xt else contextlib.nullcontext()
+        with torch.cuda.stream(stream), ctx:
+            model, x = build(name, batch)
+            warm(model, x, 20 if kind == "hp" else 10)
+            ready.wait()
+            ready.wait()                       # the main thread has read the start time
+            while time.monotonic() < go["at"]:
+                time.sleep(0.0005)
+            results.update(fn(model, x, go["at"]))
+
+    threads = []
+    if not args.no_hp:
+        threads.append(threading.Thread(target=role, args=("hp", 10, lambda m, x, t: {
+            "hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t)})))
+    if not args.no_lp:
+        threads.append(threading.Thread(target=role, args=("lp", 0, lambda m, x, t: {
+            "lp_iters_per_s": run_batches(m, x, args.seconds, args.warmup_s, t)})))
+    for t in threads:
+        t.start()
+    ready.wait()
+    print("READY", flush=True)
+    go["at"] = float(input())
+    ready.wait()
+    for t in threads:
+        t.join()
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
