@@ -17,6 +17,7 @@ import io
 import json
 import os
 import pstats
+import random
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ def main():
     p.add_argument("--model", choices=MODELS, default="resnet50")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--segment-s", type=float, default=2.0)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--profile", choices=CONFIGS, help="also print a cProfile of one segment in this configuration")
     p.add_argument("--out")
     args = p.parse_args()
@@ -77,8 +78,8 @@ def main():
 
     rates = {c: [] for c in CONFIGS}
     blocked = {c: 0 for c in CONFIGS}
-    for _ in range(args.rounds):
-        for config in CONFIGS:
+    for round_ in range(args.rounds):
+        for config in random.Random(round_).sample(CONFIGS, len(CONFIGS)):   # no config always first
             rate, b = segment(config)
             rates[config].append(rate)
             blocked[config] += b

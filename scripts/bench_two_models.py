@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,8 +60,10 @@ def run_together(commands, timeout_s, checkout=REPO):
     JSON each prints last. `checkout`: whose xsched_lv3 `-m xsched_lv3` runs."""
     env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
+    reports = tempfile.mkdtemp(prefix="xsched-report-")
     procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, cwd=checkout) for c in commands]     # -m puts the cwd first
+                              env=dict(env, XSCHED_LV3_REPORT=f"{reports}/{i}.json"), cwd=checkout)
+             for i, c in enumerate(commands)]                                # -m puts the cwd first
     try:
         for p, c in zip(procs, commands):
             line = p.stdout.readline()
@@ -76,6 +79,10 @@ def run_together(commands, timeout_s, checkout=REPO):
             if p.returncode != 0:
                 raise RuntimeError(f"{' '.join(c)} exited {p.returncode}: {stderr[-2000:]}")
             out.update(json.loads(stdout.strip().splitlines()[-1]))
+        for i, role in enumerate(("hp", "lp") if len(commands) == 2 else ("only",)):
+            report = Path(reports, f"{i}.json")
+            if report.exists():                     # the scheduler's own account of this process
+                out[f"{role}_gate"] = json.loads(report.read_text())
         return out
     finally:
         for p in procs:
@@ -107,6 +114,7 @@ def summarize(raw):
         out.update(latency_summary(raw["hp_latencies_s"]), hp_requests=len(raw["hp_latencies_s"]))
     if "lp_iters_per_s" in raw:
         out["lp_iters_per_s"] = raw["lp_iters_per_s"]
+    out.update({k: v for k, v in raw.items() if k.endswith("_gate")})
     return out
 
 

@@ -30,9 +30,9 @@ def latency_summary(latencies_s, prefix="hp"):
 
 
 def provenance(argv=None):
-    """What every results file records: git revision and dirty flag (from git, or from
-    BENCH_GIT_REVISION / BENCH_GIT_DIRTY where the tree was copied without .git, as on the device
-    machine), the exact command, the host's CPU count, and the GPU's name from the driver's tool."""
+    """What every results file records: git revision and dirty flag (BENCH_GIT_REVISION /
+    BENCH_GIT_DIRTY where set, as for a tree copied to the device machine, whose .git may be stale;
+    else git), the exact command, the host's CPU count, and the GPU's name from the driver's tool."""
     import os
     import subprocess
     import sys
@@ -45,11 +45,12 @@ def provenance(argv=None):
             return r.stdout.strip() if r.returncode == 0 else None
         except OSError:
             return None
-    rev = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if rev else None
-    if rev is None:
-        rev = os.environ.get("BENCH_GIT_REVISION", "unknown")
-        dirty = os.environ.get("BENCH_GIT_DIRTY", "unknown") == "1"
+    rev = os.environ.get("BENCH_GIT_REVISION")
+    if rev:
+        dirty = os.environ.get("BENCH_GIT_DIRTY") == "1"
+    else:
+        rev = git("rev-parse", "HEAD") or "unknown"
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     card = None
     for tool in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], ["rocm-smi", "--showproductname"]):
         try:

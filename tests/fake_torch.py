@@ -77,6 +77,9 @@ def make(gpu):
                 gpu.events_recorded += 1
                 self.at = gpu.busy_until
 
+        def elapsed_time(self, later):
+            return (later.at - self.at) * 1e3      # ms, like torch
+
         def query(self):
             return self.at is not None and time.monotonic() >= self.at
 

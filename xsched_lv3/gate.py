@@ -32,8 +32,9 @@ REAP_EVERY_S = 0.05
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, name=None,
                  **hints):
-        # recorder: record(blocking) -> handle, done(handle) (never blocks), wait(handle),
-        #           device_key() -> an int naming the GPU in use, or None while no GPU is in use
+        # recorder: record(blocking, timing) -> handle, done(handle) (never blocks), wait(handle),
+        #           gpu_span_us(earlier, later) (two timing handles, both done), device_key() -> an
+        #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
         self.priority = check_hint("priority", priority)
         self.hints = {k: check_hint(k, v) for k, v in hints.items()}
@@ -50,10 +51,12 @@ class Gate:
         self._wake_at = None
         self._requests = 0
         self._active = False
-        self._last_done_at = None
         self.waits = 0                             # times this client was held back (for reports)
         self.held_s = 0.0
         self.blocked_syncs = 0                     # window waits that found the GPU behind
+        self.sync_points = 0
+        self.active_s = 0.0                        # marked active (lower clients held), in total
+        self._active_since = 0.0
         self._lock = threading.Lock()
         self._watch = deque()
         self._watch_cv = threading.Condition()
@@ -95,7 +98,6 @@ class Gate:
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:
             self.window = ProgressiveWindow(self.window_us)
-            self._last_done_at = None
             if self.device:                        # GPU in use: what we launched while free is in
                 window = self.window               # flight too; count it as a full window, so the
                 window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next check
@@ -136,6 +138,11 @@ class Gate:
             self._watch_cv.notify()
 
     def _mark(self, active):
+        now = time.monotonic()
+        if active and not self._active:
+            self._active_since = now
+        elif not active and self._active:
+            self.active_s += now - self._active_since
         self._active = active
         if self.slot is not None:
             self.board.set_active(self.slot, active)
@@ -161,18 +168,18 @@ class Gate:
             self._wait_turn(time.monotonic())
         window = self.window
         if window is not None and window.over():
-            window.retire(self.recorder.done)          # the GPU may already be past them: no wait
+            recorder = self.recorder
+            window.retire(recorder.done, recorder.gpu_span_us)     # the GPU may be past them: no wait
             if window.over():
                 self.blocked_syncs += 1
-                self.recorder.wait(window.pending[0][0])
-                done = time.monotonic()
-                window.completed(done, self._last_done_at)
-                self._last_done_at = done
+                recorder.wait(window.pending[0][0])
+                window.retire(recorder.done, recorder.gpu_span_us)
 
     def after_module(self):
         window = self.window
         if window is not None and window.after_launch():
-            window.recorded(self.recorder.record(), time.monotonic())
+            self.sync_points += 1
+            window.recorded(self.recorder.record(timing=True), time.monotonic())
         self.before_module()                       # kernels a parent launches after this child are gated too
 
     def _wait_turn(self, start):
@@ -188,6 +195,16 @@ class Gate:
                 last_reap = now
             self._refresh(now)
         self.held_s += time.monotonic() - start
+        if self.window is not None:
+            self.window.paused()
+
+    def stats(self):
+        """What this client went through, for reports (`XSCHED_LV3_REPORT`, benchmarks)."""
+        window = self.window
+        return {"priority": self.priority, "device": self.device, "guarded": self.guarded,
+                "tracking": self.tracking, "requests": self._requests, "waits": self.waits,
+                "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points, "blocked_syncs": self.blocked_syncs,
+                "window_cmd_us": window.cmd_us if window is not None and window.calibrated else None}
 
     def close(self):
         if self.slot is not None:

@@ -18,7 +18,10 @@ A client with nobody above it pays one wrapper per module call and one board rea
     with xt.client(priority=10):      # this thread is latency-critical
         y = model(x)
 """
+import atexit
+import json
 import os
+import sys
 import threading
 import zlib
 from contextlib import contextmanager
@@ -38,13 +41,16 @@ class TorchRecorder:
         import torch
         self.torch = torch
 
-    def record(self, blocking=False):
+    def record(self, blocking=False, timing=False):
         """blocking=True for waits off the hot path (request completion): the watcher thread then
         sleeps instead of spinning in the driver next to the launching thread. Window sync points
-        spin: their wake-up latency is launch latency."""
-        event = self.torch.cuda.Event(blocking=blocking)
+        spin (their wake-up latency is launch latency) and carry GPU timestamps (timing=True)."""
+        event = self.torch.cuda.Event(enable_timing=timing, blocking=blocking)
         event.record()
         return event
+
+    def gpu_span_us(self, earlier, later):
+        return earlier.elapsed_time(later) * 1e3
 
     def done(self, event):
         return event.query()
@@ -143,4 +149,15 @@ def enable_for_process():
     _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
                          os.environ.get("XSCHED_LV3_POLICY", "hpf"),
                          DEFAULT_WINDOW_US if window is None else float(window) or None, **hints)
+    if os.environ.get("XSCHED_LV3_REPORT"):
+        atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
     return _process_gate
+
+
+def _write_report(path, gate):
+    """XSCHED_LV3_REPORT=FILE: the process's scheduling stats as JSON when it exits."""
+    try:
+        with open(path, "w") as f:
+            json.dump(gate.stats(), f)
+    except OSError as e:
+        print(f"xsched-lv3: cannot write report {path}: {e}", file=sys.stderr)

@@ -6,10 +6,11 @@ sync point is placed every `sync_every_us` of estimated work and no more than `w
 in flight. The per-command estimate is learned from the spacing of completed sync points, so the
 window adapts to kernels of any length without a per-kernel profile.
 
-The estimate is learned only from waits that blocked (the GPU was behind the CPU, so completion
-spacing is GPU time). When the CPU is the bottleneck, completion spacing is launch spacing, an
-over-estimate; such sync points are retired by a non-blocking query instead (`retire`), so a
-launch-bound client never stalls on a sync point its GPU has already passed.
+Sync points that already completed are retired by a non-blocking query (`retire`), so a client whose
+GPU keeps up (the CPU is the bottleneck) never stalls on a sync point its GPU has passed; given the
+GPU timestamps of consecutive sync points, `retire` also learns the GPU time per command from them.
+That span includes GPU idle gaps when the CPU is the bottleneck, an over-estimate that costs only
+a few more sync points, never a wait.
 """
 from collections import deque
 
@@ -33,6 +34,8 @@ class ProgressiveWindow:
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
+        self.last_retired = None                 # the newest sync point known complete (GPU spans)
+        self._unpaired = 0
 
     @property
     def in_flight_us(self):
@@ -73,12 +76,28 @@ class ProgressiveWindow:
             return True
         return not self.calibrated and self.in_flight_commands >= self.calibration_commands
 
-    def retire(self, is_done):
-        """Drop the sync points that already completed (`is_done(handle)` must not block). Teaches
-        the estimate nothing: a sync point found done was not waited for."""
+    def retire(self, is_done, gpu_span_us=None):
+        """Drop the sync points that already completed (`is_done(handle)` must not block). With
+        `gpu_span_us(earlier, later)` (µs between two sync points on the GPU's clock), learn the GPU
+        time per command from consecutive ones."""
         pending = self.pending
         while pending and is_done(pending[0][0]):
-            self.pending_us = max(0.0, self.pending_us - pending.popleft()[1])
+            handle, est, n, _ = pending.popleft()
+            self.pending_us = max(0.0, self.pending_us - est)
+            if self._unpaired:
+                self._unpaired -= 1
+            elif gpu_span_us is not None and self.last_retired is not None and n:
+                self._learn(gpu_span_us(self.last_retired, handle) / n)
+            self.last_retired = handle
+
+    def paused(self):
+        """The client was held back (or the GPU given to others): GPU spans reaching across the
+        pause are not work, so the sync points pending now and the next one teach nothing."""
+        self._unpaired = len(self.pending) + 1
+
+    def _learn(self, measured_us):
+        self.cmd_us = measured_us if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured_us
+        self.calibrated = True
 
     def completed(self, now, previous_done_at):
         """The oldest sync point completed at `now`; learn the per-command GPU time from it."""
@@ -86,12 +105,11 @@ class ProgressiveWindow:
         self.pending_us = max(0.0, self.pending_us - est)
         start = t_rec if previous_done_at is None else max(previous_done_at, t_rec)
         if n and now > start:
-            measured = (now - start) * 1e6 / n
-            self.cmd_us = measured if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured
-            self.calibrated = True
+            self._learn((now - start) * 1e6 / n)
         return handle
 
     def clear(self):
+        self.last_retired, self._unpaired = None, 0
         self.pending.clear()
         self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0

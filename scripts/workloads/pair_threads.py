@@ -45,7 +45,7 @@ def main():
         name, batch = args.hp if kind == "hp" else args.lp
         stream = torch.cuda.Stream()
         ctx = xt.client(priority=priority) if xt else contextlib.nullcontext()
-        with torch.cuda.stream(stream), ctx:
+        with torch.cuda.stream(stream), ctx as gate:
             model, x = build(name, batch)
             warm(model, x, 20 if kind == "hp" else 10)
             ready.wait()
@@ -53,6 +53,8 @@ def main():
             while time.monotonic() < go["at"]:
                 time.sleep(0.0005)
             results.update(fn(model, x, go["at"]))
+            if xt:
+                results[f"{kind}_gate"] = gate.stats()
 
     threads = []
     if not args.no_hp:
