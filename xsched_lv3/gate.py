@@ -101,7 +101,7 @@ class Gate:
             if self.device:                        # GPU in use: what we launched while free is in
                 window = self.window               # flight too; count it as a full window, so the
                 window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next check
-                window.recorded(self.recorder.record(), time.monotonic())         # drains it
+                window.recorded(self.recorder.record(timing=True), time.monotonic())  # drains it
         elif not guarded:
             self.window = None
         self.guarded = guarded
