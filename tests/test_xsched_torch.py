@@ -110,6 +110,21 @@ def test_a_launch_bound_client_does_not_stall_on_finished_sync_points(torch_fake
         for _ in range(5):
             m(None)
         assert gate.blocked_syncs <= 1           # at most the first, which calibrates nothing
+        # its GPU keeps up: sync points thin out to one per MAX_COMMANDS_PER_SYNC leaves
+        from xsched_lv3.window import MAX_COMMANDS_PER_SYNC
+        assert gate.sync_points <= 5 * 200 / MAX_COMMANDS_PER_SYNC + 6
+    hp.close()
+
+
+def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 80, 0.0004)            # 0.4 ms kernels, launched much faster than they run
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0, window_us=2000) as gate:
+        m(None)
+        assert gate.blocked_syncs >= 1
+        assert 300 <= gate.window.cmd_us <= 600  # µs per leaf, from the GPU's timestamps
+        assert gate._per_sync == 2               # half a window (1 ms) of 0.4 ms commands
     hp.close()
 
 

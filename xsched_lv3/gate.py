@@ -11,9 +11,10 @@ A gate costs only what its position on the board requires (the fast path is the 
   * **tracking** (marks itself active/idle per request) only while a lower-priority client shares
     its device, since only those clients read that state;
   * **guarded** while a higher-priority client shares its device (or the policy is not strict
-    priority): before and after each module it asks the policy whether it may run and keeps its
-    in-flight GPU work within the progressive window, so a higher-priority arrival waits at most
-    one window of its work (Lv1: launched kernels cannot be stopped).
+    priority): before each module and after each leaf module it asks the policy whether it may run
+    (one board comparison), and every few leaves it places a sync point that keeps its in-flight GPU
+    work within the progressive window, so a higher-priority arrival waits for at most about one
+    window of its work (Lv1: launched kernels cannot be stopped).
 The state is re-read whenever the board changes (one comparison of the slots' sequence numbers).
 """
 import os
@@ -46,6 +47,7 @@ class Gate:
         self.guarded = False                       # read on every module call
         self.tracking = False
         self.window = None
+        self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
         self._seqs = None
         self._may_run = True
         self._wake_at = None
@@ -98,10 +100,11 @@ class Gate:
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:
             self.window = ProgressiveWindow(self.window_us)
+            self._per_sync, self._leaves = self.window.commands_per_sync(), 0
             if self.device:                        # GPU in use: what we launched while free is in
-                window = self.window               # flight too; count it as a full window, so the
-                window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next check
-                window.recorded(self.recorder.record(timing=True), time.monotonic())  # drains it
+                window = self.window               # flight too; count it as two windows, so the
+                window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next sync
+                window.recorded(self.recorder.record(timing=True), time.monotonic())  # point drains it
         elif not guarded:
             self.window = None
         self.guarded = guarded
@@ -159,28 +162,35 @@ class Gate:
                     self._mark(False)
 
     # --- per module call, while guarded ------------------------------------------------------------------
-    def before_module(self):
+    def check(self):
+        """Before a module's work and after a leaf's: hold here while the policy says so."""
         if self._seqs != self.board.seqs() or (self._wake_at is not None and time.monotonic() >= self._wake_at):
             self._refresh(time.monotonic())
-            if not self.guarded:
-                return
-        if not self._may_run:
+        if not self._may_run and self.guarded:
             self._wait_turn(time.monotonic())
-        window = self.window
-        if window is not None and window.over():
-            recorder = self.recorder
-            window.retire(recorder.done, recorder.gpu_span_us)     # the GPU may be past them: no wait
-            if window.over():
-                self.blocked_syncs += 1
-                recorder.wait(window.pending[0][0])
-                window.retire(recorder.done, recorder.gpu_span_us)
 
-    def after_module(self):
-        window = self.window
-        if window is not None and window.after_launch():
-            self.sync_points += 1
-            window.recorded(self.recorder.record(timing=True), time.monotonic())
-        self.before_module()                       # kernels a parent launches after this child are gated too
+    def after_leaf(self):
+        """A leaf module launched its work: every `_per_sync` leaves, a sync point and the window."""
+        self._leaves += 1
+        if self._leaves >= self._per_sync:
+            self._sync_point()
+        self.check()                               # kernels a parent launches after this child are gated too
+
+    def _sync_point(self):
+        window, recorder = self.window, self.recorder
+        n, self._leaves = self._leaves, 0
+        if window is None:
+            return
+        window.since_sync_n = n
+        window.since_sync_us = n * window.cmd_us if window.calibrated else 0.0
+        window.recorded(recorder.record(timing=True), time.monotonic())
+        self.sync_points += 1
+        window.retire(recorder.done)                   # what the GPU has passed: no wait, nothing learned
+        if window.over():                              # the GPU is behind by more than the window
+            self.blocked_syncs += 1
+            recorder.wait(window.pending[0][0])
+            window.retire(recorder.done, recorder.gpu_span_us)
+        self._per_sync = window.commands_per_sync(self._per_sync)
 
     def _wait_turn(self, start):
         self.waits += 1

@@ -5,9 +5,9 @@ every thread of a process started by `xsched-lv3 run`, then
   * treats each top-level module call as a request: marks its client active when it starts and
     idle once its GPU work completes (an event watched off the hot path), if a lower-priority
     client shares the GPU;
-  * while a higher-priority client shares the GPU, asks the gate before and after every module
-    call (leaf or not, so work a parent launches between its children is gated too) whether it
-    may launch now, and keeps its in-flight GPU work within the window.
+  * while a higher-priority client shares the GPU, asks the gate before every module call and
+    after every leaf module (so work a parent launches between its children is gated too) whether
+    it may launch now, and keeps its in-flight GPU work within the window.
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
 streams alike. Not covered: kernels launched outside any module call (plain functions on tensors
 between two model calls), and the inside of a captured CUDA/HIP graph, which is one launch.
@@ -94,7 +94,7 @@ def install():
         if depth == 0:
             gate.begin_request()
         if gate.guarded:                    # only while a higher-priority client shares the GPU
-            gate.before_module()
+            gate.check()
         state["depth"] = depth + 1
         try:
             out = original(module, *args, **kwargs)
@@ -102,8 +102,8 @@ def install():
             state["depth"] = depth
             if depth == 0:
                 gate.end_request()          # also when the request raised: never left active
-        if gate.guarded:
-            gate.after_module()
+        if gate.guarded and not module._modules:
+            gate.after_leaf()
         return out
 
     torch.nn.Module.__call__ = scheduled_call

@@ -6,11 +6,11 @@ sync point is placed every `sync_every_us` of estimated work and no more than `w
 in flight. The per-command estimate is learned from the spacing of completed sync points, so the
 window adapts to kernels of any length without a per-kernel profile.
 
-Sync points that already completed are retired by a non-blocking query (`retire`), so a client whose
-GPU keeps up (the CPU is the bottleneck) never stalls on a sync point its GPU has passed; given the
-GPU timestamps of consecutive sync points, `retire` also learns the GPU time per command from them.
-That span includes GPU idle gaps when the CPU is the bottleneck, an over-estimate that costs only
-a few more sync points, never a wait.
+Sync points cost CPU time, which a launch-bound client (the CPU is its bottleneck) cannot spare and
+does not need (its GPU keeps up, so little is ever in flight). So the GPU time per command is learned
+only when the GPU is seen behind: a sync point still incomplete when the window is full is waited
+for, and the GPU timestamps of it and the one before give the time per command. Until then sync
+points are MAX_COMMANDS_PER_SYNC commands apart and retired by a non-blocking query.
 """
 from collections import deque
 
@@ -18,6 +18,10 @@ from collections import deque
 # held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
 # Chosen from the window sweep in results/bench_window_sweep.json (README, "Choosing the window").
 DEFAULT_WINDOW_US = 500.0
+# The most commands between two sync points: where a client's GPU keeps up (it is launch-bound, its
+# in-flight work small), sync points are this far apart; a launch-bound phase turning GPU-bound
+# overshoots the window by at most two such segments, once, before the window learns.
+MAX_COMMANDS_PER_SYNC = 32
 
 
 class ProgressiveWindow:
@@ -68,18 +72,31 @@ class ProgressiveWindow:
             return self.pending[0][0]
         return None
 
+    def commands_per_sync(self, current=None):
+        """How many commands to launch before the next sync point: half a window of the learned GPU
+        time. Before anything was learned: few at first (a GPU-bound client is seen behind within a
+        few commands and learns), doubling while the GPU keeps up (only the newest sync point is
+        still pending), up to MAX_COMMANDS_PER_SYNC."""
+        if self.calibrated:
+            return max(self.min_commands, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+        if current is None:
+            return self.calibration_commands
+        return min(MAX_COMMANDS_PER_SYNC, 2 * current) if len(self.pending) <= 1 else current
+
     def over(self):
-        """True when launching more would exceed the window (the caller then retires or waits)."""
+        """True when launching more would exceed the window (the caller then retires or waits).
+        Before anything was learned: when a whole segment is still queued behind another."""
         if not self.pending:
             return False
         if self.pending_us + self.since_sync_us > self.window_us:
             return True
-        return not self.calibrated and self.in_flight_commands >= self.calibration_commands
+        return not self.calibrated and len(self.pending) >= 2
 
     def retire(self, is_done, gpu_span_us=None):
         """Drop the sync points that already completed (`is_done(handle)` must not block). With
         `gpu_span_us(earlier, later)` (µs between two sync points on the GPU's clock), learn the GPU
-        time per command from consecutive ones."""
+        time per command from consecutive ones: pass it only after waiting for the oldest, when the
+        GPU was behind and the span holds no idle time."""
         pending = self.pending
         while pending and is_done(pending[0][0]):
             handle, est, n, _ = pending.popleft()
