@@ -207,3 +207,13 @@ def test_torch_hwqueue_with_xqueue(torch_fake):
     assert xq.wait_all(timeout=5)
     assert [x[0] for x in gpu.launched] == [f"c{i}" for i in range(30)]
     xq.close()
+
+
+def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
+    torch, gpu, xt = torch_fake
+    before = sys.getswitchinterval()
+    with xt.client(priority=0):
+        assert sys.getswitchinterval() == before
+        with xt.client(priority=10):
+            assert sys.getswitchinterval() == min(before, xt.THREADS_SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == before

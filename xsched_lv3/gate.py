@@ -27,20 +27,23 @@ from .policy import check_hint, make_policy
 from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 200e-6     # held back: poll the board with backoff (GIL-friendly)
+# A process's only launching thread spins (yielding the GIL each turn) for the first part of a hold:
+# a sleeping thread on an idle CPU wakes late, and a launch-bound client then runs slowly for a while.
+PROCESS_SPIN_S = 2e-3
 REAP_EVERY_S = 0.05
 
 
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, name=None,
-                 **hints):
-        # recorder: record(blocking, timing) -> handle, done(handle) (never blocks), wait(handle),
-        #           gpu_span_us(earlier, later) (two timing handles, both done), device_key() -> an
+                 spin_s=0.0, **hints):
+        # recorder: record() -> handle, done(handle) (never blocks), wait(handle), device_key() -> an
         #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
         self.priority = check_hint("priority", priority)
         self.hints = {k: check_hint(k, v) for k, v in hints.items()}
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.window_us = window_us                 # None or 0: never windowed (in-flight work unbounded)
+        self.spin_s = spin_s                       # held: poll without sleeping this long, then back off
         self.name = name or f"pid{os.getpid()}"
         self.board = board or Board()
         self.device = recorder.device_key() or 0   # 0: not known yet
@@ -104,7 +107,7 @@ class Gate:
             if self.device:                        # GPU in use: what we launched while free is in
                 window = self.window               # flight too; count it as two windows, so the
                 window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next sync
-                window.recorded(self.recorder.record(timing=True), time.monotonic())  # point drains it
+                window.recorded(self.recorder.record(), time.monotonic())           # point drains it
         elif not guarded:
             self.window = None
         self.guarded = guarded
@@ -135,7 +138,7 @@ class Gate:
         Called from a `finally`: a request that raises ends too."""
         if not self.tracking:
             return
-        handle = self.recorder.record(blocking=True)       # waited on by the watcher, off the hot path
+        handle = self.recorder.record()            # waited on by the watcher, off the hot path
         with self._watch_cv:
             self._watch.append((self._requests, handle))
             self._watch_cv.notify()
@@ -183,22 +186,26 @@ class Gate:
             return
         window.since_sync_n = n
         window.since_sync_us = n * window.cmd_us if window.calibrated else 0.0
-        window.recorded(recorder.record(timing=True), time.monotonic())
+        window.recorded(recorder.record(), time.monotonic())
         self.sync_points += 1
         window.retire(recorder.done)                   # what the GPU has passed: no wait, nothing learned
         if window.over():                              # the GPU is behind by more than the window
             self.blocked_syncs += 1
             recorder.wait(window.pending[0][0])
-            window.retire(recorder.done, recorder.gpu_span_us)
+            window.retire(recorder.done, waited_at=time.monotonic())
         self._per_sync = window.commands_per_sync(self._per_sync)
 
     def _wait_turn(self, start):
         self.waits += 1
         last_reap = start
         poll = POLL_MIN_S
+        spin_until = start + self.spin_s
         while not self._may_run and self.guarded:
-            time.sleep(poll)
-            poll = min(POLL_MAX_S, poll * 2)
+            if time.monotonic() < spin_until:
+                time.sleep(0)                     # stay runnable: an idle vCPU is slow to wake
+            else:
+                time.sleep(poll)
+                poll = min(POLL_MAX_S, poll * 2)
             now = time.monotonic()
             if now - last_reap > REAP_EVERY_S:
                 self.board.reap()                 # a dead client must not hold us back forever

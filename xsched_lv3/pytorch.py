@@ -26,7 +26,7 @@ import threading
 import zlib
 from contextlib import contextmanager
 
-from .gate import Gate
+from .gate import PROCESS_SPIN_S, Gate
 from .window import DEFAULT_WINDOW_US
 
 _local = threading.local()
@@ -41,16 +41,13 @@ class TorchRecorder:
         import torch
         self.torch = torch
 
-    def record(self, blocking=False, timing=False):
-        """blocking=True for waits off the hot path (request completion): the watcher thread then
-        sleeps instead of spinning in the driver next to the launching thread. Window sync points
-        spin (their wake-up latency is launch latency) and carry GPU timestamps (timing=True)."""
-        event = self.torch.cuda.Event(enable_timing=timing, blocking=blocking)
+    def record(self):
+        """Sync points and request completions wait by spinning (the event's default): a blocking
+        wait sleeps in the driver and wakes up to a millisecond late, which on a request
+        completion holds every lower-priority client back that much longer."""
+        event = self.torch.cuda.Event()
         event.record()
         return event
-
-    def gpu_span_us(self, earlier, later):
-        return earlier.elapsed_time(later) * 1e3
 
     def done(self, event):
         return event.query()
@@ -117,11 +114,32 @@ def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
     gate = Gate(TorchRecorder(), priority, policy, window_us, name=f"tid{threading.get_native_id()}", **hints)
     previous = getattr(_local, "gate", None)
     _local.gate = gate
+    _thread_clients(+1)
     try:
         yield gate
     finally:
+        _thread_clients(-1)
         _local.gate = previous
         gate.close()
+
+
+_clients_lock = threading.Lock()
+_clients = {"n": 0, "switch_interval": None}
+# With two scheduled threads in one process, a high-priority thread that wakes up for a request needs
+# the GIL while a batch thread is launching, and CPython hands it over only after the switch interval
+# (5 ms by default): the request would start up to 5 ms late before any scheduling could help.
+THREADS_SWITCH_INTERVAL_S = 0.5e-3
+
+
+def _thread_clients(delta):
+    with _clients_lock:
+        _clients["n"] += delta
+        if _clients["n"] >= 2 and _clients["switch_interval"] is None:
+            _clients["switch_interval"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_clients["switch_interval"], THREADS_SWITCH_INTERVAL_S))
+        elif _clients["n"] < 2 and _clients["switch_interval"] is not None:
+            sys.setswitchinterval(_clients["switch_interval"])
+            _clients["switch_interval"] = None
 
 
 def scheduled(priority=0, **kwargs):
@@ -148,7 +166,8 @@ def enable_for_process():
     window = os.environ.get("XSCHED_LV3_WINDOW_US")
     _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
                          os.environ.get("XSCHED_LV3_POLICY", "hpf"),
-                         DEFAULT_WINDOW_US if window is None else float(window) or None, **hints)
+                         DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
+                         **hints)
     if os.environ.get("XSCHED_LV3_REPORT"):
         atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
     return _process_gate

@@ -8,9 +8,10 @@ window adapts to kernels of any length without a per-kernel profile.
 
 Sync points cost CPU time, which a launch-bound client (the CPU is its bottleneck) cannot spare and
 does not need (its GPU keeps up, so little is ever in flight). So the GPU time per command is learned
-only when the GPU is seen behind: a sync point still incomplete when the window is full is waited
-for, and the GPU timestamps of it and the one before give the time per command. Until then sync
-points are MAX_COMMANDS_PER_SYNC commands apart and retired by a non-blocking query.
+only where the GPU is seen behind: a sync point still incomplete when the window is full is waited
+for, and two such waits in a row, the second segment queued before the first completed, time one
+segment of pure GPU work. Until then sync points start a few commands apart and double while the
+GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-blocking query.
 """
 from collections import deque
 
@@ -38,8 +39,7 @@ class ProgressiveWindow:
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
-        self.last_retired = None                 # the newest sync point known complete (GPU spans)
-        self._unpaired = 0
+        self._chain_at = None                    # when the last waited-for sync point completed
 
     @property
     def in_flight_us(self):
@@ -92,25 +92,27 @@ class ProgressiveWindow:
             return True
         return not self.calibrated and len(self.pending) >= 2
 
-    def retire(self, is_done, gpu_span_us=None):
-        """Drop the sync points that already completed (`is_done(handle)` must not block). With
-        `gpu_span_us(earlier, later)` (µs between two sync points on the GPU's clock), learn the GPU
-        time per command from consecutive ones: pass it only after waiting for the oldest, when the
-        GPU was behind and the span holds no idle time."""
+    def retire(self, is_done, waited_at=None):
+        """Drop the sync points that already completed (`is_done(handle)` must not block).
+        `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
+        the one before it also completed under a wait, with this one already queued, the GPU ran
+        this segment back to back: the interval is its GPU time, and the estimate learns from it."""
         pending = self.pending
+        first = True
         while pending and is_done(pending[0][0]):
             handle, est, n, _ = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
-            if self._unpaired:
-                self._unpaired -= 1
-            elif gpu_span_us is not None and self.last_retired is not None and n:
-                self._learn(gpu_span_us(self.last_retired, handle) / n)
-            self.last_retired = handle
+            if first and waited_at is not None:
+                if self._chain_at is not None and n:
+                    self._learn((waited_at - self._chain_at) * 1e6 / n)
+                self._chain_at = waited_at if pending else None     # the next segment is queued behind
+            else:
+                self._chain_at = None
+            first = False
 
     def paused(self):
-        """The client was held back (or the GPU given to others): GPU spans reaching across the
-        pause are not work, so the sync points pending now and the next one teach nothing."""
-        self._unpaired = len(self.pending) + 1
+        """The client was held back: an interval reaching across the pause is not GPU work."""
+        self._chain_at = None
 
     def _learn(self, measured_us):
         self.cmd_us = measured_us if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured_us
@@ -126,7 +128,7 @@ class ProgressiveWindow:
         return handle
 
     def clear(self):
-        self.last_retired, self._unpaired = None, 0
+        self._chain_at = None
         self.pending.clear()
         self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0
