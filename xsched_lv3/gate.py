@@ -189,11 +189,12 @@ class Gate:
         window.recorded(recorder.record(), time.monotonic())
         self.sync_points += 1
         window.retire(recorder.done)                   # what the GPU has passed: no wait, nothing learned
+        kept_up = len(window.pending) <= 1
         if window.over():                              # the GPU is behind by more than the window
             self.blocked_syncs += 1
             recorder.wait(window.pending[0][0])
             window.retire(recorder.done, waited_at=time.monotonic())
-        self._per_sync = window.commands_per_sync(self._per_sync)
+        self._per_sync = window.commands_per_sync(self._per_sync, kept_up)
 
     def _wait_turn(self, start):
         self.waits += 1

@@ -72,16 +72,17 @@ class ProgressiveWindow:
             return self.pending[0][0]
         return None
 
-    def commands_per_sync(self, current=None):
+    def commands_per_sync(self, current=None, kept_up=False):
         """How many commands to launch before the next sync point: half a window of the learned GPU
-        time. Before anything was learned: few at first (a GPU-bound client is seen behind within a
-        few commands and learns), doubling while the GPU keeps up (only the newest sync point is
-        still pending), up to MAX_COMMANDS_PER_SYNC."""
+        time (at least one command). Before anything was learned: few at first (a GPU-bound client
+        is seen behind within a few commands and learns), doubling each time the GPU was found to
+        keep up (`kept_up`: every sync point but the newest done, no wait), up to
+        MAX_COMMANDS_PER_SYNC."""
         if self.calibrated:
-            return max(self.min_commands, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+            return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
         if current is None:
             return self.calibration_commands
-        return min(MAX_COMMANDS_PER_SYNC, 2 * current) if len(self.pending) <= 1 else current
+        return min(MAX_COMMANDS_PER_SYNC, 2 * current) if kept_up else current
 
     def over(self):
         """True when launching more would exceed the window (the caller then retires or waits).
