@@ -181,8 +181,8 @@ def table(paths):
             return "–"
         return f"{fmt(statistics.median(values))} ({fmt(min(values))}–{fmt(max(values))})"
     x, f2 = (lambda v: f"{v:.2f}x"), (lambda v: f"{v:.2f}")
-    lines = ["| pair (HP / LP) | variant | HP P99 vs alone | LP vs alone |",
-             "|---|---|---|---|"]
+    lines = ["| pair (HP / LP) | variant | runs | HP P99 vs alone | LP vs alone |",
+             "|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
     order = ["lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "native-threads", "xsched-threads"]
@@ -190,10 +190,12 @@ def table(paths):
         for variant in order:
             got = per.get((pair, variant))
             if got:
-                lines.append(f"| {names[pair]} | {variant} | {cell(got.get('hp_p99_vs_alone', []), x)} | "
+                runs = max(len(v) for v in got.values())
+                lines.append(f"| {names[pair]} | {variant} | {runs} | {cell(got.get('hp_p99_vs_alone', []), x)} | "
                              f"{cell(got.get('lp_vs_alone', []), f2)} |")
-    reps = len(docs)
-    return "\n".join(lines) + f"\n\n{reps} repetitions on {', '.join(cards)}; median (min–max) of the ratios.\n"
+    revisions = sorted({d["git_revision"][:7] + ("+dirty" if d["git_dirty"] else "") for d in docs})
+    return "\n".join(lines) + (f"\n\n{', '.join(cards)}, revision {', '.join(revisions)}; median (min–max) of the "
+                               f"ratios over the runs.\n")
 
 
 def main():

@@ -101,6 +101,8 @@ def xsched(*args, env=None):
     (["run", "--priority", "1"], "nothing to run"),
     (["run", "--", "no-such-program-xyz"], "command not found"),
     (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], "between 0 and 100"),
+    (["run", "--window-us", "-5", "--", "true"], "--window-us must be >= 0"),
+    (["run", "--window-us", "nan", "--", "true"], "--window-us must be >= 0"),
 ])
 def test_cli_errors_are_one_line(args, needle):
     result = xsched(*args)
@@ -121,9 +123,12 @@ def test_cli_hint_through_the_daemon(daemon):
 
 
 def test_run_sets_up_the_child(tmp_path):
-    probe = "import os, sys; print(os.environ['XSCHED_LV3_PRIORITY'], any('_boot' in p for p in sys.path))"
-    result = xsched("run", "--priority", "4", "--", sys.executable, "-c", probe)
-    assert result.returncode == 0 and result.stdout.split() == ["4", "True"]
+    probe = ("import os, sys; print(os.environ['XSCHED_LV3_PRIORITY'], any('_boot' in p for p in sys.path), "
+             "os.environ.get('XSCHED_LV3_WINDOW_US'))")
+    env = dict(os.environ, XSCHED_LV3_WINDOW_US="123")          # left over in the caller's shell
+    result = xsched("run", "--priority", "4", "--", sys.executable, "-c", probe, env=env)
+    # the window default is the library's one constant, not a copy in the environment
+    assert result.returncode == 0 and result.stdout.split() == ["4", "True", "None"]
 
 
 FAKE_TORCH_PKG = '''
@@ -163,8 +168,9 @@ def test_run_schedules_an_unmodified_torch_program(tmp_path):
     program = ("import torch, xsched_lv3.pytorch as xt, time\n"
                "m = torch.nn.Module(); m(1)\n"
                "g = xt._process_gate\n"
-               "print(g is not None, g.board.read_slot(g.slot)[1])\n")
+               "from xsched_lv3.window import DEFAULT_WINDOW_US\n"
+               "print(g is not None, g.board.read_slot(g.slot)[1], g.window_us == DEFAULT_WINDOW_US, g.guarded)\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path), XSCHED_LV3_BOARD=str(tmp_path / "board"))
     result = xsched("run", "--priority", "6", "--", sys.executable, "-c", program, env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "6"]
+    assert result.stdout.split() == ["True", "6", "True", "False"]     # alone on its board: never guarded

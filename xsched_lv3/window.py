@@ -17,7 +17,8 @@ from collections import deque
 
 # The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
 # held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
-# Chosen from the window sweep in results/bench_window_sweep.json (README, "Choosing the window").
+# README, "Choosing the window": kept at the HP-side bound; a sweep (results/diagnostics/window_sweep_*)
+# was too small to move it.
 DEFAULT_WINDOW_US = 500.0
 # The most commands between two sync points: where a client's GPU keeps up (it is launch-bound, its
 # in-flight work small), sync points are this far apart; a launch-bound phase turning GPU-bound
