@@ -9,29 +9,22 @@ import argparse
 import json
 import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
 from models import MODELS, build, wait_for_start  # noqa: E402
 
 
 def serve(model, x, rate, seconds, warmup_s, start_at):
     """Open-loop arrivals from start_at; latencies of the requests after warmup_s."""
     import torch
-    latencies, i = [], 0
+
+    def request():
+        model(x)
+        torch.cuda.current_stream().synchronize()
     with torch.no_grad():
-        while True:
-            arrival = start_at + i / rate
-            if arrival > start_at + seconds:
-                return latencies
-            delay = arrival - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            model(x)
-            torch.cuda.current_stream().synchronize()
-            if arrival - start_at >= warmup_s:
-                latencies.append(time.monotonic() - arrival)
-            i += 1
+        return open_loop(rate, seconds, request, warmup_s, t0=start_at)
 
 
 def warm(model, x, iterations=20):
