@@ -117,17 +117,26 @@ def queue_type_names(kernel_release=None):
     return SYSFS_QUEUE_TYPES_L72 if major >= 7 else SYSFS_QUEUE_TYPES_L612
 
 
+# The most read from one file: more than any command line the kernel accepts by default (ARG_MAX,
+# a quarter of an 8 MiB stack); bounds a /dev/zero planted in a sysfs tree.
+MAX_READ_BYTES = 8 << 20
+
+
 def _read(path, dir_fd=None):
     # os.open/os.read, relative to an open directory: a short path walk and no file object,
     # which is most of the cost of a 1,000-process scan. sysfs and /proc answer a read with
-    # everything up to its size: one read for an attribute, more only for a long cmdline.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    # everything up to its size: one read for an attribute, more only for a long cmdline, read to
+    # its end. Non-blocking, so a FIFO planted in the tree reads as empty instead of hanging.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     try:
         data = chunk = os.read(fd, 4096)
-        while len(chunk) == 4096:
-            chunk = os.read(fd, 65536)
-            data += chunk
-        return data
+        if len(chunk) == 4096:                 # long (a cmdline): read to its end
+            while chunk and len(data) < MAX_READ_BYTES:
+                chunk = os.read(fd, 65536)
+                data += chunk
+        return data[:MAX_READ_BYTES]
+    except BlockingIOError:
+        return b""
     finally:
         os.close(fd)
 

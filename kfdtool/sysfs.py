@@ -3,6 +3,7 @@
 Everything kfdtool reads from sysfs goes through `SysfsRoot`: topology, proc and module
 parameters. ``KFDTOOL_SYSFS_ROOT`` (or an explicit argument) replaces ``/sys``.
 """
+import errno
 import os
 from pathlib import Path
 
@@ -45,13 +46,37 @@ class SysfsRoot:
         return self
 
 
+# A kernel sysfs attribute is at most one page; a file larger than this is not one (a /dev/zero
+# or a runaway file in a capture), and reading it whole would exhaust memory.
+MAX_ATTRIBUTE_BYTES = 1 << 16
+
+
 def read_bytes(path):
-    """Contents of a sysfs file, or None if it is missing. PermissionError propagates."""
+    """Contents of a sysfs file, or None if it is missing. Never blocks: opened non-blocking, so a
+    FIFO where an attribute should be reads as empty. A file over MAX_ATTRIBUTE_BYTES or a symbolic
+    link loop is a SysfsError. PermissionError propagates."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SysfsError(f"{path}: symbolic link loop") from None
+        raise
+    try:
+        data = b""
+        while len(data) <= MAX_ATTRIBUTE_BYTES:
+            chunk = os.read(fd, MAX_ATTRIBUTE_BYTES + 1 - len(data))
+            if not chunk:
+                return data
+            data += chunk
+        raise SysfsError(f"{path}: over {MAX_ATTRIBUTE_BYTES} bytes, not a sysfs attribute")
+    except BlockingIOError:
+        return b""                          # a FIFO with a writer that wrote nothing
+    except IsADirectoryError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_text(path):

@@ -260,7 +260,20 @@ def _read_node(path, index):
         node.problems.append("no properties file")
     else:
         node.props = parse_properties(text)
-    node.gpu_id = _optional(lambda: read_int(path / "gpu_id"), node, "gpu_id")
+        # every node's properties carry both counts (0 on the other kind): without them, or with a
+        # negative one, the file is corrupt and the node's kind rests on gpu_id alone
+        bad = [k for k in ("simd_count", "cpu_cores_count")
+               if not isinstance(node.props.get(k), int) or node.props[k] < 0]
+        if bad:
+            node.problems.append(f"properties corrupt or cut short: {', '.join(bad)} "
+                                 f"{'missing or not a count' if len(bad) > 1 else 'is missing or not a count'}")
+    gpu_id_text = _optional(lambda: read_text(path / "gpu_id"), node, "gpu_id")
+    node.gpu_id = None
+    if gpu_id_text is not None:
+        try:
+            node.gpu_id = int(gpu_id_text.strip())
+        except ValueError:
+            node.problems.append(f"gpu_id: not a number ({gpu_id_text.strip()[:20]!r})")
     name = _optional(lambda: read_text(path / "name"), node, "name")
     node.name = name.strip() if name is not None else None
     for kind in ("io_links", "p2p_links"):

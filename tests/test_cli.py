@@ -91,7 +91,12 @@ def test_sim_status_and_list(sim):
     (["--sysfs-root", "/etc/hostname", "queues"], "is not a directory"),
     (["--sysfs-root", "/tmp", "queues"], "no KFD under /tmp"),
     (["--sim", "mi308x", "queues", "-p", "999999"], "pid 999999 is not a KFD process"),
-    (["--sim", "mi308x", "queues", "0"], "interval must be > 0"),
+    (["sim", "start", "nosuch"], "unknown simulated machine 'nosuch'"),
+    (["sim", "stop", "nosuch"], "unknown simulated machine 'nosuch'"),
+    (["sim", "status", "nosuch"], "unknown simulated machine 'nosuch'"),
+    (["demo", "--machine", "nosuch"], "unknown simulated machine 'nosuch'"),
+    (["sim", "start", "mi308x", "--param", "sched_policy=abc"], "sched_policy wants an integer"),
+    (["sim", "start", "mi308x", "--param", "no_such_param=1"], "unknown amdgpu parameter 'no_such_param'"),
     (["sim", "start", "mi308x", "--param", "oops"], "--param wants NAME=VALUE"),
     (["sim", "workload", "vega10"], "simulated vega10 is not running"),
 ])
@@ -106,9 +111,58 @@ def test_unreadable_topology_file(tmp_path):
     one_line_error(run_cli("topology", env={"KFDTOOL_SYSFS_ROOT": str(tmp_path)}), "topology is not a directory")
 
 
-def test_usage_errors_exit_2():
-    result = run_cli("queues", "-p", "abc")
-    assert result.returncode == 2 and "invalid int value" in result.stderr
+@pytest.mark.parametrize("args,needle", [
+    (["queues", "-p", "abc"], "invalid int value"),
+    (["--sim", "mi308x", "queues", "0"], "argument interval: must be > 0"),
+    (["--sim", "mi308x", "queues", "1", "-3"], "argument count: must be > 0"),
+    (["--sim", "mi308x", "monitor", "--count", "-1"], "argument --count: must be > 0"),
+    (["--sim", "mi308x", "monitor", "--interval", "nan"], "not a finite number"),
+    (["sim", "workload", "mi308x", "--waves", "-5"], "argument --waves: must be > 0"),
+    (["sim", "workload", "mi308x", "--sdma", "-1"], "argument --sdma: must be >= 0"),
+    (["--sim", "", "topology"], "argument --sim: must not be empty"),
+    (["--sysfs-root", "", "topology"], "argument --sysfs-root: must not be empty"),
+    (["--sim", "mi308x", "preempt", "--pid", "1", "--for", "99999999999s"], "longer than 24 hours"),
+    (["--sim", "mi308x", "preempt", "--pid", "1", "--for", "0"], "must be above zero"),
+])
+def test_usage_errors_exit_2_before_anything_runs(args, needle):
+    result = run_cli(*args)
+    assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+
+
+def _planted_tree(tmp_path, where, plant):
+    """A copy of one real capture node with `plant(path)` put at `where` (relative to the node)."""
+    import shutil
+    from kfdtool.sim.runner import static_tree
+    src = static_tree("mi210").sysfs_root
+    root = tmp_path / "sys"
+    shutil.copytree(src, root, symlinks=True)
+    nodes = root / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    node = next(n for n in sorted(nodes.iterdir()) if (n / "gpu_id").read_text().strip() not in ("", "0"))
+    target = node / where if where else root / "class" / "kfd" / "kfd" / "topology" / "generation_id"
+    target.unlink()
+    plant(target)
+    return root, int(node.name)
+
+
+@pytest.mark.parametrize("where,plant", [
+    ("properties", os.mkfifo),
+    ("", os.mkfifo),                                       # generation_id
+    ("gpu_id", os.mkfifo),
+    ("properties", lambda p: os.symlink("/dev/zero", p)),
+    ("properties", lambda p: os.symlink(p, p)),            # a link to itself: ELOOP
+], ids=["fifo-properties", "fifo-generation", "fifo-gpu_id", "dev-zero-properties", "loop-properties"])
+def test_planted_sysfs_files_never_hang_or_trace(tmp_path, where, plant):
+    root, node_index = _planted_tree(tmp_path, where, plant)
+    result = subprocess.run([sys.executable, "-m", "kfdtool", "topology", "--json"], capture_output=True, text=True,
+                            timeout=30, env=dict(os.environ, KFDTOOL_SYSFS_ROOT=str(root)))
+    assert "Traceback" not in result.stderr
+    if result.returncode == 0:                             # read as a problem of that node, not silently
+        doc = json.loads(result.stdout)
+        if where:                                          # the planted GPU node says what is wrong
+            node = next(n for n in doc["nodes"] if n["node"] == node_index)
+            assert node["problems"]
+    else:
+        assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_help_has_examples():

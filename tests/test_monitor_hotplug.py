@@ -25,7 +25,9 @@ def test_monitor_shows_processes_and_counts_refreshes(sim_dir):
 
 
 def test_host_usage_sees_a_busy_process_and_forgets_gone_ones():
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # the child says when it runs its loop: sampled earlier, it is still exec'ing (RSS not yet there)
+    busy = subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdout=subprocess.PIPE)
+    busy.stdout.readline()
     idle = subprocess.Popen(["sleep", "30"])
     try:
         host = HostUsage()
@@ -67,7 +69,7 @@ def test_monitor_shows_the_busiest_rows_that_fit():
 
 def test_monitor_bad_interval():
     result = run_cli("--sim", "mi308x", "monitor", "--interval", "0")
-    assert result.returncode == 1 and "interval must be > 0" in result.stderr
+    assert result.returncode == 2 and "argument --interval: must be > 0" in result.stderr     # a usage error
 
 
 class FakeMonitor:

@@ -108,14 +108,18 @@ def test_identity_matches_psutil(tmp_path):
     long_name = tmp_path / "kfd-inference-server-long"          # comm keeps only 15 bytes of it
     long_name.symlink_to("/bin/sleep")
     children = [subprocess.Popen([str(long_name), "30"]),
-                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "a b", ""])]
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "a b", ""]),
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "x" * 100_000, "end"])]
     try:
         time.sleep(0.2)
         for pid in [os.getpid()] + [c.pid for c in children]:
             mine, theirs = KfdProcess(pid), psutil.Process(pid)
             assert identify(mine)
             assert (mine.name, mine.cmdline, mine.user) == (theirs.name(), theirs.cmdline(), theirs.username())
-        assert mine.cmdline[-2:] == ["a b", ""]
+        assert mine.cmdline[-1] == "end"
+        second = KfdProcess(children[1].pid)
+        identify(second)
+        assert second.cmdline[-2:] == ["a b", ""]
         first = KfdProcess(children[0].pid)
         identify(first)
         assert first.name == "kfd-inference-server-long"

@@ -111,15 +111,15 @@ def test_shipped_presets_are_byte_copies(tmp_path, capture):
 
 def test_hidden_gpu_node(capture_root, monkeypatch):
     """EPERM from the device cgroup: the node is reported hidden, the rest still parses."""
-    import builtins
+    import os
     root = capture_root("k8sdp-mi308x-8x-cpx")
-    real_open = builtins.open
+    real_open = os.open
 
     def guarded(path, *a, **k):
         if "/nodes/5/" in str(path):
             raise PermissionError(1, "Operation not permitted", str(path))
         return real_open(path, *a, **k)
-    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(os, "open", guarded)
     topo = read_topology(root)
     assert topo.nodes[5].hidden and not topo.nodes[4].hidden
     assert len(list(topo.for_each_gpu())) == 32

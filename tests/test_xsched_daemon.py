@@ -90,9 +90,9 @@ def test_only_root_or_owner_may_hint():
     assert not may_change(os.getuid() + 12345, 999999)
 
 
-def xsched(*args, env=None):
+def xsched(*args, env=None, cwd=None):
     return subprocess.run([sys.executable, "-m", "xsched_lv3", *args], capture_output=True, text=True,
-                          env=env or os.environ, timeout=30)
+                          env=env or os.environ, timeout=30, cwd=cwd)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -174,3 +174,17 @@ def test_run_schedules_an_unmodified_torch_program(tmp_path):
     result = xsched("run", "--priority", "6", "--", sys.executable, "-c", program, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "6", "True", "False"]     # alone on its board: never guarded
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3") or os.path.realpath("/usr/bin/python3") == os.path.realpath(
+    sys.executable), reason="needs a second Python, one without this package installed")
+def test_run_schedules_a_program_on_another_python(tmp_path):
+    """`xsched-lv3 run -- /usr/bin/python3 prog.py` from a venv: the child's Python has no
+    xsched_lv3 of its own, and still gets scheduled (no traceback at `import torch`)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH_PKG)
+    program = "import torch, xsched_lv3.pytorch as xt\nprint(xt._process_gate is not None)\n"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), XSCHED_LV3_BOARD=str(tmp_path / "board"))
+    result = xsched("run", "--", "/usr/bin/python3", "-c", program, env=env, cwd=tmp_path)   # not the checkout
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.split() == ["True"]

@@ -77,6 +77,7 @@ def cmd_run(args):
             env["XSCHED_LV3_" + name.upper()] = str(check_hint(name, value))
     boot = str(Path(__file__).parent / "_boot")
     env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
+    env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:

@@ -8,6 +8,7 @@ import sys
 
 from .. import __version__
 from ..errors import Error
+from .argtypes import non_empty
 from .commands import COMMANDS
 from .context import Context
 
@@ -47,8 +48,8 @@ def build_parser(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kfdtool {__version__}")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--sim", metavar="NAME", help="use the simulated machine NAME (see `kfdtool sim list`)")
-    where.add_argument("--sysfs-root", metavar="DIR",
+    where.add_argument("--sim", metavar="NAME", type=non_empty, help="use the simulated machine NAME (see `kfdtool sim list`)")
+    where.add_argument("--sysfs-root", metavar="DIR", type=non_empty,
                        help="read sysfs from DIR instead of /sys (also: KFDTOOL_SYSFS_ROOT)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     built = set()
@@ -75,3 +76,7 @@ def main(argv=None):
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:                      # an unreadable or looping directory in a sysfs tree, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"kfdtool: {where}{e.strerror or e}", file=sys.stderr)
+        return 1

@@ -14,11 +14,7 @@ class Context:
     def from_args(cls, args):
         if args.sim:
             from ..sim import runner
-            try:
-                machine = runner.static_tree(args.sim)
-            except KeyError as e:
-                from ..errors import SimulatorError
-                raise SimulatorError(e.args[0]) from None
+            machine = runner.static_tree(args.sim)
             return cls(SysfsRoot(machine.sysfs_root), machine, machine.kernel_release)
         return cls(SysfsRoot(args.sysfs_root), None, None)
 

@@ -5,6 +5,7 @@ import argparse
 import time
 
 from ..cwsr.holds import mark_held
+from .argtypes import positive_float, positive_int
 from ..hostusage import HostUsage
 from ..processes import scan_processes
 from ..sysfs import read_int
@@ -32,8 +33,8 @@ def add_parser(sub):
                        epilog="examples:\n  kfdtool monitor\n  kfdtool --sim mi308x monitor --interval 0.5\n"
                               "  kfdtool monitor --sort cpu       # the most CPU-hungry GPU processes first\n"
                               "  kfdtool monitor --count 5        # five refreshes, then exit\n")
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--count", type=int, help="stop after this many refreshes")
+    p.add_argument("--interval", type=positive_float, default=1.0)
+    p.add_argument("--count", type=positive_int, help="stop after this many refreshes")
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="vram",
                    help="order of the rows, largest first (default: vram); a terminal shows the rows that fit")
     p.add_argument("--no-udev", action="store_true", help="do not listen for GPU hotplug events")
@@ -78,8 +79,6 @@ def _grid(scan, rows, sort, limit, notes):
 
 def run(args, ctx):
     from rich.live import Live
-    if args.interval <= 0:
-        raise ValueError("interval must be > 0")
     notes = []
     mon = None
     if not args.no_udev and ctx.sim is None:

@@ -33,11 +33,23 @@ RESUME_EXAMPLES = """examples:
 _UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0}
 
 
+# Longer than any hold an admin means, and short enough for time.sleep (an OverflowError after the
+# queues were suspended would be the wrong moment to find out).
+MAX_DURATION_S = 24 * 3600.0
+
+
 def parse_duration(text):
+    """Checked while parsing the command line, before anything is suspended."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|m|)\s*", text)
-    if not m or float(m.group(1)) <= 0:
+    if not m:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 500ms, 2s, 1.5)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"the duration must be above zero, got {text!r}")
+    if seconds > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than {MAX_DURATION_S / 3600:g} hours; "
+                                         f"leave out --for and resume with `kfdtool resume`")
+    return seconds
 
 
 def add_parser(sub):

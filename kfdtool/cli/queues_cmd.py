@@ -4,6 +4,7 @@ import sys
 import time
 
 from ..cwsr.holds import mark_held
+from .argtypes import positive_float, positive_int
 from ..errors import NoSuchProcess
 from ..processes import scan_processes
 from .render import console, human_bytes, print_csv, print_json, table
@@ -31,16 +32,12 @@ def add_parser(sub):
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON (one document per sample in watch mode)")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per queue")
-    p.add_argument("interval", nargs="?", type=float, help="watch: seconds between samples")
-    p.add_argument("count", nargs="?", type=int, help="watch: number of samples (default: until Ctrl-C)")
+    p.add_argument("interval", nargs="?", type=positive_float, help="watch: seconds between samples")
+    p.add_argument("count", nargs="?", type=positive_int, help="watch: number of samples (default: until Ctrl-C)")
     p.set_defaults(run=run)
 
 
 def run(args, ctx):
-    if args.interval is not None and args.interval <= 0:
-        raise ValueError("interval must be > 0")
-    if args.count is not None and args.count <= 0:
-        raise ValueError("count must be > 0")
     scan = _scan(args, ctx)
     if args.pid:
         missing = sorted(set(args.pid) - {p.pid for p in scan.processes})

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from ..errors import SimulatorError
+from .argtypes import non_negative_int, positive_int
 from ..sim import ABIS
 from .render import console, table
 from .commands import help_for
@@ -38,11 +39,11 @@ def add_parser(sub):
     status.set_defaults(run=run_status)
     work = s.add_parser("workload", help="start simulated GPU processes with queues")
     work.add_argument("machine")
-    work.add_argument("--procs", type=int, default=3)
-    work.add_argument("--queues", type=int, default=2, help="compute queues per GPU per process")
-    work.add_argument("--gpus", type=int, default=1, help="GPUs per process")
-    work.add_argument("--sdma", type=int, default=0, help="SDMA queues per GPU per process")
-    work.add_argument("--waves", type=int, default=512, help="resident waves per compute queue")
+    work.add_argument("--procs", type=positive_int, default=3)
+    work.add_argument("--queues", type=positive_int, default=2, help="compute queues per GPU per process")
+    work.add_argument("--gpus", type=positive_int, default=1, help="GPUs per process")
+    work.add_argument("--sdma", type=non_negative_int, default=0, help="SDMA queues per GPU per process")
+    work.add_argument("--waves", type=positive_int, default=512, help="resident waves per compute queue")
     work.add_argument("--role", action="append", help="process names to cycle through")
     work.set_defaults(run=run_workload)
 
@@ -60,7 +61,15 @@ def _params(items):
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--param wants NAME=VALUE, got {item!r}")
-        params[name] = int(value) if value.lstrip("-").isdigit() else value
+        from ..sim.machine import DEFAULT_PARAMETERS
+        if name not in DEFAULT_PARAMETERS:
+            raise ValueError(f"unknown amdgpu parameter {name!r}; choose one of: {', '.join(DEFAULT_PARAMETERS)}")
+        if isinstance(DEFAULT_PARAMETERS[name], int):
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError(f"--param {name} wants an integer, got {value!r}") from None
+        params[name] = value
     return params
 
 

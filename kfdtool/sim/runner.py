@@ -61,15 +61,23 @@ class SimMachine:
         return backend
 
 
+def _known(find, key):
+    """The preset or profile `key`, or a SimulatorError naming the choices (one line for the CLI)."""
+    try:
+        return find(key)
+    except KeyError as e:
+        raise SimulatorError(e.args[0]) from None
+
+
 def machine(name):
-    find_preset(name)
+    _known(find_preset, name)
     return SimMachine(name, base_dir() / name)
 
 
 def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     """Start the simulator for `name` (no-op if it already runs). Returns the SimMachine."""
     sim = machine(name)
-    find_profile(abi)
+    _known(find_profile, abi)
     if sim.is_running():
         running_abi = sim.info.get("abi")
         if running_abi != abi:
@@ -115,7 +123,7 @@ def static_tree(name, abi="1.23"):
     sim = machine(name)
     if sim.is_running():
         return sim
-    profile = find_profile(abi)
+    profile = _known(find_profile, abi)
     info = sim.info
     proc = sim.sysfs_root / "class" / "kfd" / "kfd" / "proc"
     if info.get("preset") == name and info.get("abi") == abi and proc.is_dir():

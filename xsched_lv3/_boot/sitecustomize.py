@@ -1,6 +1,7 @@
 """Loaded by `xsched-lv3 run` children (PYTHONPATH): schedule PyTorch as soon as it is imported."""
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 
@@ -15,7 +16,20 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original_exec(module)
-            from xsched_lv3.pytorch import enable_for_process
+            try:
+                from xsched_lv3.pytorch import enable_for_process
+            except ImportError:
+                # another Python than the one xsched-lv3 runs from: reach its package (appended,
+                # so this Python's own packages still come first), or run unscheduled, saying so
+                home = os.environ.get("XSCHED_LV3_HOME")
+                if home and home not in sys.path:
+                    sys.path.append(home)
+                try:
+                    from xsched_lv3.pytorch import enable_for_process
+                except ImportError as e:
+                    print(f"xsched-lv3: this Python cannot import xsched_lv3 ({e}); running unscheduled",
+                          file=sys.stderr)
+                    return
             enable_for_process()
         loader.exec_module = exec_module
         return spec

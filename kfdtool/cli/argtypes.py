@@ -1,0 +1,34 @@
+"""argparse types for numbers and names that must make sense: a bad one is a usage error (one line,
+exit code 2) at parse time, before any command does anything."""
+import argparse
+import math
+
+
+def _number(kind, text, low, inclusive):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    if value < low or (value == low and not inclusive):
+        raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low}, got {text}")
+    return value
+
+
+def positive_int(text):
+    return _number(int, text, 0, inclusive=False)
+
+
+def non_negative_int(text):
+    return _number(int, text, 0, inclusive=True)
+
+
+def positive_float(text):
+    return _number(float, text, 0.0, inclusive=False)
+
+
+def non_empty(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
