@@ -11,9 +11,9 @@ from .policy import HINTS, POLICIES, check_hint
 from .window import DEFAULT_WINDOW_US
 
 EPILOG = """examples:
-  xsched-lv3 daemon --policy hpf &                  # the multi-process scheduler
   xsched-lv3 run --priority 10 -- python serve.py   # latency-critical, unmodified PyTorch program
-  xsched-lv3 run --priority 0 -- python train.py    # batch work, yields to it
+  xsched-lv3 run --priority 0 -- python train.py    # batch work, yields to it (no daemon needed)
+  xsched-lv3 daemon --policy hpf &                  # optional: reaps dead clients, serves `hint`
   xsched-lv3 status
   xsched-lv3 hint --pid 1234 --priority 5
   xsched-lv3 hint --pid 1234 --utilization 25       # with --policy bandwidth
@@ -29,14 +29,16 @@ def build_parser():
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3-<uid>.sock)")
     d.set_defaults(run=cmd_daemon)
     r = sub.add_parser("run", help="run a program with its PyTorch work scheduled")
-    r.add_argument("--priority", type=int, default=0)
-    r.add_argument("--policy", choices=list(POLICIES), default="hpf")
+    r.add_argument("--priority", type=int, default=0,
+                   help="higher runs first; a client with nobody above it on its GPU is never held (default 0)")
+    r.add_argument("--policy", choices=list(POLICIES), default="hpf",
+                   help="hpf: highest priority first (default); a running daemon's policy wins")
     r.add_argument("--window-us", type=float, default=None,
                    help=f"most GPU time this client leaves in flight while a higher-priority one shares its GPU "
                         f"(default {DEFAULT_WINDOW_US:g}; 0: unbounded)")
-    r.add_argument("--utilization", type=float)
-    r.add_argument("--deadline-us", type=float)
-    r.add_argument("--laxity-us", type=float)
+    r.add_argument("--utilization", type=float, help="--policy bandwidth: this client's share of the GPU, percent")
+    r.add_argument("--deadline-us", type=float, help="--policy kedf: deadline of a request, from its start")
+    r.add_argument("--laxity-us", type=float, help="--policy laxity: raise to critical priority after this long")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(run=cmd_run)
     s = sub.add_parser("status", help="scheduled clients on this board")
