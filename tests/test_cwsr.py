@@ -94,7 +94,7 @@ def test_kill_9_of_the_preempting_tool_resumes(sim, victim):
     assert all(q["debugger"] is None for q in states(sim, victim).values())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signals_resume_before_exit(sim, victim, sig):
     tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -103,7 +103,7 @@ def test_signals_resume_before_exit(sim, victim, sig):
     assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {tool.pid}
     tool.send_signal(sig)
     _, err = tool.communicate(timeout=10)
-    assert tool.returncode == 130 and "resuming" in err
+    assert tool.returncode == 128 + sig and "resuming" in err        # the shell's convention: 130, 143, 129
     assert all(q["active"] for q in states(sim, victim).values())
     listing = json.loads(run_cli("--sim", MACHINE, "queues", "--json", "-p", str(victim)).stdout)
     assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {None}
@@ -320,3 +320,21 @@ def test_works_as_the_targets_ptrace_parent(sim, victim):
     finally:
         kfd.close()
         ptrace.detach(victim)
+
+
+def test_resume_of_a_queue_that_does_not_exist_fails_like_preempt(sim, victim):
+    result = run_cli("--sim", MACHINE, "resume", "--pid", str(victim), "--queue", "99")
+    assert result.returncode == 1 and "not-found" in result.stdout
+
+
+def test_a_signal_at_any_moment_leaves_nothing_suspended_and_no_traceback(sim, victim):
+    """Signals from the first line (opening the device) to the last (DISABLE), at spread moments."""
+    for delay in (0.0, 0.02, 0.05, 0.08, 0.12, 0.2, 0.3, 0.45):
+        tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim),
+                                 "--for", "1ms"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        tool.send_signal(signal.SIGTERM)
+        _, err = tool.communicate(timeout=10)
+        assert "Traceback" not in err, err
+        assert tool.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), (delay, tool.returncode, err)
+        _wait_for(lambda: all(q["active"] for q in states(sim, victim).values()))

@@ -74,12 +74,17 @@ def add_parser(sub):
     r.set_defaults(run=run_resume)
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class _Stop(Exception):
-    pass
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def _on_signal(signum, frame):
-    raise _Stop(signal.Signals(signum).name)
+    raise _Stop(signum)
 
 
 def _select(entries, args):
@@ -102,11 +107,14 @@ def run_preempt(args, ctx):
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
     topo = read_topology(ctx.sysfs)
     mes = {n.gpu_id for n in topo.for_each_gpu() if (n.gfx_target_version or 0) >= 110000}
-    old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    kfd = ctx.open_device()
-    mech = None
+    # From here to the last line a signal means "resume and exit 128+N": while opening the device
+    # and working it raises _Stop; during the cleanup it is noted and the cleanup finishes first.
+    stopped = []
+    old = {sig: signal.signal(sig, _on_signal) for sig in _SIGNALS}
+    kfd = mech = None
     report = {"pid": args.pid, "mechanism": args.mechanism, "grace_period": args.grace}
     try:
+        kfd = ctx.open_device()
         if args.mechanism == "debug-trap":
             mech = DebugTrapSuspend(kfd, args.pid)
             entries = mech.queues()
@@ -139,16 +147,21 @@ def run_preempt(args, ctx):
         else:
             console().print(f"resumed {sum(o.ok for o in resumed)} queues in {report['resume_s'] * 1e3:.2f} ms")
     except _Stop as stop:
-        print(f"kfdtool: {stop}: resuming", file=sys.stderr)
-        return 128 + 2
+        print(f"kfdtool: {stop}: {'resuming' if mech is not None else 'stopping'}", file=sys.stderr)
+        stopped.append(stop.signum)
     finally:
+        for sig in _SIGNALS:
+            signal.signal(sig, lambda signum, frame: stopped.append(signum))
         try:
             if mech is not None:
                 mech.close()            # resumes anything still held, then DISABLE
         finally:
-            kfd.close()
+            if kfd is not None:
+                kfd.close()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+    if stopped:
+        return 128 + stopped[0]
     return 0 if all(o["outcome"] in ("suspended", "already") for o in report["suspend"]) else 1
 
 
@@ -187,4 +200,4 @@ def run_resume(args, ctx):
         _print_outcomes(f"resumed pid {args.pid} in {elapsed * 1e3:.2f} ms", outcomes)
     else:
         print(f"resumed {count} queues of pid {args.pid} in {elapsed * 1e3:.2f} ms")
-    return 0
+    return 0 if outcomes is None or all(o.ok for o in outcomes) else 1      # as preempt: a queue not found fails
