@@ -103,6 +103,7 @@ def xsched(*args, env=None, cwd=None):
     (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], "between 0 and 100"),
     (["run", "--window-us", "-5", "--", "true"], "--window-us must be >= 0"),
     (["run", "--window-us", "nan", "--", "true"], "--window-us must be >= 0"),
+    (["run", "--window-us", "inf", "--", "true"], "--window-us must be >= 0 and finite"),
 ])
 def test_cli_errors_are_one_line(args, needle):
     result = xsched(*args)
@@ -188,3 +189,30 @@ def test_run_schedules_a_program_on_another_python(tmp_path):
     result = xsched("run", "--", "/usr/bin/python3", "-c", program, env=env, cwd=tmp_path)   # not the checkout
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert result.stdout.split() == ["True"]
+
+
+def test_bad_board_paths_and_programs_are_one_line_and_touch_nothing(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("somebody's notes\n")
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    cases = [
+        ({"XSCHED_LV3_BOARD": str(tmp_path)}, ["status"], "Is a directory"),
+        ({"XSCHED_LV3_BOARD": str(tmp_path / "missing" / "board")}, ["status"], "No such file or directory"),
+        ({"XSCHED_LV3_BOARD": str(notes)}, ["status"], "is not an xsched_lv3 board"),
+        ({"XSCHED_LV3_BOARD": str(notes)}, ["run", "--", "true"], "is not an xsched_lv3 board"),
+        ({"XSCHED_LV3_BOARD": str(tmp_path / "board")}, ["run", "--", str(script)], "permission denied"),
+    ]
+    for extra, args, needle in cases:
+        result = xsched(*args, env=dict(os.environ, **extra))
+        assert result.returncode == 1 and needle in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert notes.read_text() == "somebody's notes\n"          # never overwritten by a board
+
+
+def test_run_drops_hints_it_was_not_given(tmp_path):
+    probe = "import os; print(os.environ.get('XSCHED_LV3_DEADLINE_US'), os.environ.get('XSCHED_LV3_UTILIZATION'))"
+    env = dict(os.environ, XSCHED_LV3_DEADLINE_US="abc", XSCHED_LV3_UTILIZATION="500",
+               XSCHED_LV3_BOARD=str(tmp_path / "board"))
+    result = xsched("run", "--utilization", "20", "--", sys.executable, "-c", probe, env=env)
+    assert result.returncode == 0 and result.stdout.split() == ["None", "20.0"]

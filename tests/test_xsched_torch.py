@@ -126,7 +126,7 @@ def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
         m(None)
         assert gate.blocked_syncs >= 1
         assert 300 <= gate.window.cmd_us <= 900  # µs per leaf (0.4 ms), timed by back-to-back waits
-        assert gate._per_sync == 2               # half a window (1 ms) of 0.4 ms commands
+        assert gate._per_sync == max(1, int(1000 / gate.window.cmd_us))    # half a window (1 ms) of them
     hp.close()
 
 
@@ -214,8 +214,118 @@ def test_torch_hwqueue_with_xqueue(torch_fake):
 def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
     torch, gpu, xt = torch_fake
     before = sys.getswitchinterval()
+    inside, leave = threading.Barrier(2), threading.Event()
+
+    def other_thread():
+        with xt.client(priority=10):
+            inside.wait()
+            leave.wait()
     with xt.client(priority=0):
         assert sys.getswitchinterval() == before
-        with xt.client(priority=10):
-            assert sys.getswitchinterval() == min(before, xt.THREADS_SWITCH_INTERVAL_S)
+        t = threading.Thread(target=other_thread)
+        t.start()
+        inside.wait()
+        assert sys.getswitchinterval() == min(before, xt.THREADS_SWITCH_INTERVAL_S)
+        leave.set()
+        t.join()
         assert sys.getswitchinterval() == before
+
+
+def _dead_pid():
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_dead_clients_slot_guards_nobody(torch_fake):
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.board import Board
+    board = Board()
+    board.allocate(_dead_pid(), 10, 0, xt.TorchRecorder().device_key())    # an HP that exited without closing
+    with xt.client(priority=0) as gate:
+        assert not gate.guarded                  # alone: the fast path, not a window for a ghost
+    board.close()
+
+
+def test_a_client_of_unknown_device_holds_every_device():
+    from xsched_lv3.policy import HighestPriorityFirst, QueueState
+    queues = [QueueState("hp", 0, True, 0.0, {"priority": 10}), QueueState("lp", 7, True, 0.0, {"priority": 0})]
+    assert HighestPriorityFirst().decide(queues, 1.0).run == {"hp"}
+
+
+class Blocking:
+    """A module whose forward waits (a thread inside a long request)."""
+    def __init__(self, torch):
+        self.go = threading.Event()
+        outer = self
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                outer.go.wait(5)
+                return x
+        self.module = M()
+
+
+def test_threads_sharing_the_process_gate_keep_it_active_while_any_request_runs(torch_fake):
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.gate import Gate
+    lp = other_client(xt, priority=0)
+    xt.install()
+    xt._process_gate = gate = Gate(xt.TorchRecorder(), priority=10)
+    long_request = Blocking(torch)
+    t = threading.Thread(target=long_request.module, args=(None,))
+    t.start()
+    model(torch, "k", 3, 0.001)(None)           # another thread's short request starts and ends
+    time.sleep(0.05)                            # its completion is seen by the watcher
+    assert gate.board.read_slot(gate.slot)[2] == 1     # the long one still runs: still active
+    long_request.go.set()
+    t.join()
+    deadline = time.monotonic() + 2
+    while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert gate.board.read_slot(gate.slot)[2] == 0
+    gate.close()
+    lp.close()
+
+
+def test_a_request_interrupted_while_held_ends(torch_fake, monkeypatch):
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.gate import Gate
+    hp, low = other_client(xt, priority=10), other_client(xt, priority=0)
+    hp.begin_request()                           # active: the middle client is held
+    monkeypatch.setattr(Gate, "_wait_turn", lambda self, start: (_ for _ in ()).throw(KeyboardInterrupt))
+    with xt.client(priority=5) as mid:
+        with pytest.raises(KeyboardInterrupt):
+            model(torch, "m", 2, 0.0)(None)
+        deadline = time.monotonic() + 2
+        while mid.board.read_slot(mid.slot)[2] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert mid.board.read_slot(mid.slot)[2] == 0       # not left active, holding `low` for good
+    hp.close()
+    low.close()
+
+
+def test_closing_clients_leaves_no_threads(torch_fake):
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)           # so every client below tracks, with a watcher thread
+    m = model(torch, "k", 2, 0.0)
+    before = threading.active_count()
+    for _ in range(30):
+        with xt.client(priority=10):
+            m(None)
+    deadline = time.monotonic() + 2
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() <= before
+    lp.close()
+
+
+def test_module_calls_on_the_cpu_record_nothing(torch_fake):
+    torch, gpu, xt = torch_fake
+    gpu.initialized = False                     # this process has not used a GPU
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10):
+        model(torch, "k", 5, 0.0)(None)
+    assert gpu.events_recorded == 0
+    lp.close()

@@ -44,14 +44,20 @@ class Board:
         try:
             if os.fstat(fd).st_size < SIZE:
                 with _flock(fd):
-                    if os.fstat(fd).st_size < SIZE:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, len(MAGIC), 0) != MAGIC:
+                        raise ValueError(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
+                    if size < SIZE:
                         os.ftruncate(fd, SIZE)
                         os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0), 0)
             self.mm = mmap.mmap(fd, SIZE)
-        finally:
-            self.fd = fd
-        if self.mm[:8] != MAGIC:
-            raise ValueError(f"{self.path} is not an xsched_lv3 board")
+            if self.mm[:8] != MAGIC:
+                self.mm.close()
+                raise ValueError(f"{self.path} is not an xsched_lv3 board")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
 
     def close(self):
         self.mm.close()

@@ -68,8 +68,8 @@ def cmd_run(args):
     env = dict(os.environ, XSCHED_LV3_PRIORITY=str(check_hint("priority", args.priority)),
                XSCHED_LV3_POLICY=args.policy)
     if args.window_us is not None:
-        if not args.window_us >= 0:
-            raise ValueError("--window-us must be >= 0 (0: unbounded)")
+        if not 0 <= args.window_us < float("inf"):
+            raise ValueError("--window-us must be >= 0 and finite (0: unbounded)")
         env["XSCHED_LV3_WINDOW_US"] = str(args.window_us)
     else:
         env.pop("XSCHED_LV3_WINDOW_US", None)
@@ -77,6 +77,9 @@ def cmd_run(args):
         value = getattr(args, name)
         if value is not None:
             env["XSCHED_LV3_" + name.upper()] = str(check_hint(name, value))
+        else:
+            env.pop("XSCHED_LV3_" + name.upper(), None)    # a run's hints come from its command line only
+    Board().close()                        # the board is usable: say so here, not in the child at `import torch`
     boot = str(Path(__file__).parent / "_boot")
     env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
     env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
@@ -84,6 +87,8 @@ def cmd_run(args):
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
         raise ValueError(f"{argv[0]}: command not found") from None
+    except PermissionError:
+        raise ValueError(f"{argv[0]}: permission denied (not executable?)") from None
 
 
 def cmd_status(args):
@@ -123,6 +128,9 @@ def main(argv=None):
         return 1
     except KeyboardInterrupt:
         return 130
+    except OSError as e:                   # the board's path: a directory, a missing folder, ...
+        print(f"xsched-lv3: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -62,10 +62,14 @@ class Gate:
         self.sync_points = 0
         self.active_s = 0.0                        # marked active (lower clients held), in total
         self._active_since = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()              # request bookkeeping (launching threads, watcher)
+        self._window_lock = threading.Lock()
+        self._open = 0                             # requests begun and not yet ended (all threads)
+        self._last_reap = time.monotonic()
         self._watch = deque()
         self._watch_cv = threading.Condition()
         self._watcher = None
+        self.board.reap()                          # clients that died since: they guard nobody
         self.slot = self.board.allocate(os.getpid(), self.priority, threading.get_native_id(), self.device)
         for key, value in self.hints.items():
             self.board.set_hint(self.slot, key, value)
@@ -122,25 +126,35 @@ class Gate:
     def begin_request(self):
         if self.slot is None:
             return                                 # closed, or released by a daemon restart
+        now = time.monotonic()
         if not self.device:
             self.device = self.recorder.device_key() or 0
             if self.device:
                 self.board.set_hint(self.slot, "device", self.device)
+        if now - self._last_reap > REAP_EVERY_S * 20:
+            self._last_reap = now
+            self.board.reap()                      # a dead client must not keep us guarded
         if self._seqs != self.board.seqs():
-            self._refresh(time.monotonic())
-        if self.tracking:
+            self._refresh(now)
+        if self.tracking and self.device:          # no GPU in use yet: nothing to wait for
             with self._lock:
+                self._open += 1
                 self._requests += 1
                 self._mark(True)
 
     def end_request(self):
-        """Work of this request is launched; the client is idle once it completes on the GPU.
-        Called from a `finally`: a request that raises ends too."""
-        if not self.tracking:
-            return
+        """Work of this request is launched; the client is idle once it completes on the GPU and
+        no other thread's request is open. Called from a `finally`: a request that raises ends too."""
+        with self._lock:
+            if not self._open:
+                return
+            self._open -= 1
+            if self._open:
+                return                             # another thread's request still runs
+            request = self._requests
         handle = self.recorder.record()            # waited on by the watcher, off the hot path
         with self._watch_cv:
-            self._watch.append((self._requests, handle))
+            self._watch.append((request, handle))
             self._watch_cv.notify()
 
     def _mark(self, active):
@@ -150,18 +164,22 @@ class Gate:
         elif not active and self._active:
             self.active_s += now - self._active_since
         self._active = active
-        if self.slot is not None:
-            self.board.set_active(self.slot, active)
+        slot = self.slot
+        if slot is not None:
+            self.board.set_active(slot, active)
 
     def _idle_watcher(self):
         while True:
             with self._watch_cv:
                 while not self._watch:
                     self._watch_cv.wait()
-                request, handle = self._watch.popleft()
+                item = self._watch.popleft()
+            if item is None:                       # closed
+                return
+            request, handle = item
             self.recorder.wait(handle)
             with self._lock:
-                if request == self._requests and self._active:    # no new request began meanwhile
+                if request == self._requests and not self._open and self._active:   # none began meanwhile
                     self._mark(False)
 
     # --- per module call, while guarded ------------------------------------------------------------------
@@ -180,6 +198,10 @@ class Gate:
         self.check()                               # kernels a parent launches after this child are gated too
 
     def _sync_point(self):
+        with self._window_lock:                    # threads of one process share its window
+            self._sync_point_locked()
+
+    def _sync_point_locked(self):
         window, recorder = self.window, self.recorder
         n, self._leaves = self._leaves, 0
         if window is None:
@@ -225,6 +247,12 @@ class Gate:
                 "window_cmd_us": window.cmd_us if window is not None and window.calibrated else None}
 
     def close(self):
-        if self.slot is not None:
-            self.board.release(self.slot)
-            self.slot = None
+        with self._lock:
+            if self._active:
+                self._mark(False)
+            slot, self.slot = self.slot, None
+        if slot is not None:
+            self.board.release(slot)
+        with self._watch_cv:
+            self._watch.append(None)               # stops the watcher
+            self._watch_cv.notify()

@@ -40,8 +40,9 @@ class Policy(ABC):
 
 
 class HighestPriorityFirst(Policy):
-    """Per device: run the ready queues of the highest ready priority, and every idle queue (an idle
-    queue has nothing to hold back, and must not lose its first command to a suspend)."""
+    """Per device: run the queues at or above the highest ready priority on their device (a queue
+    whose device is not known, 0, counts on every device). Idle queues below it are held too: they
+    have nothing in flight, and their next command waits."""
     name = "hpf"
     strict_priority = True
 
@@ -50,7 +51,12 @@ class HighestPriorityFirst(Policy):
         for q in queues:
             if q.ready:
                 top[q.device] = max(top.get(q.device, -math.inf), q.hints.get("priority", 0))
-        return Decision({q.id for q in queues if q.hints.get("priority", 0) >= top.get(q.device, -math.inf)})
+        # device 0: not known yet (or a client registered without one): it may share any device
+        unknown, highest = top.get(0, -math.inf), max(top.values(), default=-math.inf)
+
+        def bar(q):
+            return highest if not q.device else max(top.get(q.device, -math.inf), unknown)
+        return Decision({q.id for q in queues if q.hints.get("priority", 0) >= bar(q)})
 
 
 class BandwidthPartition(Policy):

@@ -90,10 +90,10 @@ def install():
         depth = state.get("depth", 0)
         if depth == 0:
             gate.begin_request()
-        if gate.guarded:                    # only while a higher-priority client shares the GPU
-            gate.check()
         state["depth"] = depth + 1
         try:
+            if gate.guarded:                # only while a higher-priority client shares the GPU
+                gate.check()                # (inside the try: interrupted while held, the request still ends)
             out = original(module, *args, **kwargs)
         finally:
             state["depth"] = depth
@@ -170,6 +170,7 @@ def enable_for_process():
                          **hints)
     if os.environ.get("XSCHED_LV3_REPORT"):
         atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
+    atexit.register(_process_gate.close)     # its slot goes with it (after the report: atexit is LIFO)
     return _process_gate
 
 
