@@ -38,6 +38,10 @@ class SimulatorError(Error):
     pass
 
 
+class AttachDenied(Error):
+    """ptrace refused (before any KFD call): the message says what attaching would need."""
+
+
 class KfdIoctlError(Error):
     def __init__(self, ioctl, err, meaning=None, op=None):
         self.ioctl, self.errno, self.op = ioctl, err, op

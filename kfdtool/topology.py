@@ -3,6 +3,7 @@
     >>> topo = read_topology()               # or read_topology("/path/to/capture/root")
     >>> for gpu in topo.for_each_gpu(): print(gpu.gpu_id, gpu.gfx_name, gpu.cu_count, gpu.bdf)
 """
+import os
 from dataclasses import dataclass, field
 
 from .errors import SysfsError
@@ -211,7 +212,7 @@ def read_topology(root=None, retries=GENERATION_RETRIES):
     topo_dir = sysfs.topology
     if not topo_dir.is_dir():
         sysfs.require_kfd()
-        raise SysfsError(f"{topo_dir} is {'not a directory' if topo_dir.exists() else 'missing'}")
+        raise SysfsError(f"{topo_dir} {_why_not_a_directory(topo_dir)}")
     for _ in range(max(1, retries)):
         before = read_int(topo_dir / "generation_id")
         topo = _walk(topo_dir)
@@ -231,6 +232,16 @@ def _walk(topo_dir):
         problems.append(f"no nodes under {topo_dir}")
     _assign_partitions(nodes)
     return Topology(None, sysprops or {}, nodes, problems)
+
+
+def _why_not_a_directory(path):
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:                   # ELOOP (a symbolic link loop), EACCES, ...
+        return f"cannot be read: {e.strerror}"
+    return "is not a directory"
 
 
 def _read_props(path, problems):

@@ -99,6 +99,8 @@ def test_sim_status_and_list(sim):
     (["sim", "start", "mi308x", "--param", "no_such_param=1"], "unknown amdgpu parameter 'no_such_param'"),
     (["sim", "start", "mi308x", "--param", "oops"], "--param wants NAME=VALUE"),
     (["sim", "workload", "vega10"], "simulated vega10 is not running"),
+    (["--sysfs-root", "/tmp", "preempt", "--pid", "1"], "no KFD under /tmp"),
+    (["--sysfs-root", "/tmp", "resume", "--pid", "1", "--all"], "no KFD under /tmp"),
 ])
 def test_bad_input_gives_one_line(sim, args, needle):
     one_line_error(run_cli(*args), needle)
@@ -190,3 +192,14 @@ def test_readonly_commands_never_open_dev_kfd(sim):
         for args in (["queues"], ["queues", "--json"], ["topology"], ["cwsr"]):
             assert run_cli("--sim", "mi308x", *args).returncode == 0
         assert ctl("status")["opens"] == before
+
+
+def test_a_symlink_loop_at_topology_is_named(tmp_path):
+    kfd = tmp_path / "class" / "kfd" / "kfd"
+    kfd.mkdir(parents=True)
+    (kfd / "topology").symlink_to("topology")
+    one_line_error(run_cli("topology", env={"KFDTOOL_SYSFS_ROOT": str(tmp_path)}), "Too many levels of symbolic links")
+
+
+def test_workload_on_more_gpus_than_the_machine_has(sim):
+    one_line_error(run_cli("sim", "workload", "mi308x", "--gpus", "999"), "--gpus 999: simulated mi308x has 32 GPUs")

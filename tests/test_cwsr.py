@@ -130,6 +130,10 @@ def test_recovery_resume_all(sim, victim):
         report = json.loads(result.stdout)
         assert report["resumed"] == 3 and report["other_debugger_kept"] is True
         assert all(q["active"] for q in states(sim, victim).values())
+        listing = json.loads(run_cli("--sim", MACHINE, "queues", "--json", "-p", str(victim)).stdout)
+        assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {None}   # the holder holds nothing now
+        second = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
+        assert second.returncode == 1 and f"kfdtool pid {holder.pid} already preempts" in second.stderr  # still its debugger
     finally:
         holder.send_signal(signal.SIGTERM)
         holder.wait(timeout=10)
@@ -338,3 +342,24 @@ def test_a_signal_at_any_moment_leaves_nothing_suspended_and_no_traceback(sim, v
         assert "Traceback" not in err, err
         assert tool.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), (delay, tool.returncode, err)
         _wait_for(lambda: all(q["active"] for q in states(sim, victim).values()))
+
+
+def test_a_second_kfdtool_is_named_not_rocgdb(sim, victim):
+    holder = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+        second = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
+        assert second.returncode == 1 and f"kfdtool pid {holder.pid} already preempts pid {victim}" in second.stderr
+        assert "rocgdb" not in second.stderr
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=10)
+
+
+def test_probe_of_a_process_without_queues_says_no(sim):
+    result = run_cli("--sim", MACHINE, "cwsr", "--probe", "--pid", "999999", "--json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1
+    assert not any(m["available"] for m in doc["mechanisms"])
+    assert "not a KFD process" in next(m for m in doc["mechanisms"] if m["mechanism"] == "debug-trap")["why"]

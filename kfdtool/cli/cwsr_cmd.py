@@ -56,9 +56,11 @@ def collect(ctx):
 def run_probe(args, ctx):
     from ..cwsr.probe import probe
     report = probe(ctx, args.pid)
+    # for a target: exit 1 when nothing could preempt it (scripts ask `cwsr --probe --pid P && ...`)
+    status = 1 if args.pid is not None and not any(m["available"] for m in report["mechanisms"]) else 0
     if args.json:
         print_json(report)
-        return 0
+        return status
     out = console()
     out.print(table("preemption mechanisms" + (f" for pid {args.pid}" if args.pid else ""),
                     ["MECHANISM", "USABLE", "~WHY", "~NOTES"],
@@ -71,7 +73,7 @@ def run_probe(args, ctx):
                                      for g in report["gpus"]])))
     for note in report["notes"]:
         out.print(f"note: {note}")
-    return 0
+    return status
 
 
 def run(args, ctx):

@@ -103,6 +103,7 @@ def run_preempt(args, ctx):
     from ..cwsr.holds import Hold
     from ..cwsr.patched import PatchedIoctlSuspend
     from ..topology import read_topology
+    ctx.sysfs.require_kfd()                 # "no KFD here" before "not a KFD process"
     if not (ctx.sysfs.proc / str(args.pid)).is_dir():
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
     topo = read_topology(ctx.sysfs)
@@ -182,6 +183,7 @@ def _print_outcomes(title, outcomes):
 
 def run_resume(args, ctx):
     from ..cwsr.debugtrap import recover
+    ctx.sysfs.require_kfd()                 # "no KFD here" before "not a KFD process"
     if not (ctx.sysfs.proc / str(args.pid)).is_dir():
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
     kfd = ctx.open_device()
@@ -191,6 +193,8 @@ def run_resume(args, ctx):
         elapsed = time.perf_counter() - t0
     finally:
         kfd.close()
+    from ..cwsr.holds import forget
+    forget(args.pid, None if args.all else [o.qid for o in outcomes if o.ok])
     report = {"pid": args.pid, "resumed": count, "resume_s": elapsed,
               "queues": [o.to_dict() for o in outcomes] if outcomes else None,
               "other_debugger_kept": not own}

@@ -40,7 +40,7 @@ def add_parser(sub):
     work = s.add_parser("workload", help="start simulated GPU processes with queues")
     work.add_argument("machine")
     work.add_argument("--procs", type=positive_int, default=3)
-    work.add_argument("--queues", type=positive_int, default=2, help="compute queues per GPU per process")
+    work.add_argument("--queues", type=non_negative_int, default=2, help="compute queues per GPU per process")
     work.add_argument("--gpus", type=positive_int, default=1, help="GPUs per process")
     work.add_argument("--sdma", type=non_negative_int, default=0, help="SDMA queues per GPU per process")
     work.add_argument("--waves", type=positive_int, default=512, help="resident waves per compute queue")
@@ -121,8 +121,6 @@ def run_workload(args, ctx):
     sim = runner.machine(args.machine)
     if not sim.is_running():
         raise SimulatorError(f"simulated {args.machine} is not running; start it with `kfdtool sim start {args.machine}`")
-    if args.procs <= 0 or args.queues < 0 or args.gpus <= 0:
-        raise ValueError("--procs and --gpus must be > 0, --queues >= 0")
     roles = args.role or DEFAULT_ROLES
     pids = [spawn_workload(args.machine, roles[i % len(roles)], args.gpus, i * args.gpus, args.queues, args.sdma,
                            args.waves) for i in range(args.procs)]

@@ -11,7 +11,7 @@ import ctypes
 import errno
 import os
 
-from ..errors import KfdIoctlError, NoSuchProcess, NotSupported, PermissionDenied
+from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess, NotSupported
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
@@ -60,8 +60,17 @@ class DebugTrapSuspend(Mechanism):
     def _enable(self):
         info = s.kfd_runtime_info()
         with _attached(self.pid):
-            self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=self.kfd.fd, exception_mask=0,
-                              rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
+            try:
+                self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=self.kfd.fd, exception_mask=0,
+                                  rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
+            except AlreadyDebugged as e:
+                from .holds import debugger_of
+                holder = debugger_of(self.pid)
+                if holder:                         # another kfdtool, not rocgdb: say which
+                    raise AlreadyDebugged("DBG_TRAP", e.errno, f"kfdtool pid {holder} already preempts pid "
+                                          f"{self.pid}; wait for it or `kfdtool resume --pid {self.pid} --all`",
+                                          op="ENABLE") from None
+                raise
         self._enabled = True
         self.runtime_state = c.kfd_dbg_runtime_state(info.runtime_state)
 
@@ -193,8 +202,7 @@ class _attached:
             except ptrace.PtraceError as e:
                 if e.errno == errno.ESRCH:
                     raise NoSuchProcess(self.pid, "does not exist") from None
-                raise PermissionDenied("DBG_TRAP", errno.EPERM, f"cannot ptrace pid {self.pid}: {e.strerror}",
-                                       op="ENABLE") from None
+                raise AttachDenied(f"cannot attach to pid {self.pid} with ptrace: {e.strerror}") from None
             self.seized = True
         return self
 

@@ -61,10 +61,31 @@ def for_each_hold():
         yield record
 
 
+def forget(target_pid, qids=None):
+    """Queues of `target_pid` resumed by someone else (`kfdtool resume`): drop them from every live
+    hold, so `kfdtool queues` stops naming a holder that no longer holds them."""
+    d = run_dir()
+    for path in d.glob(f"{target_pid}.*.json") if d.is_dir() else ():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        # the record stays while its holder lives: it is still the target's debugger
+        record["queues"] = [] if qids is None else [q for q in record.get("queues", []) if q not in set(qids)]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+
+
 def holders():
     """{(target pid, qid): holder pid} of every live hold."""
     return {(record["target_pid"], qid): record["holder_pid"] for record in for_each_hold()
             for qid in record["queues"]}
+
+
+def debugger_of(target_pid):
+    """The pid of a live `kfdtool preempt` attached to `target_pid` as its debugger, or None."""
+    return next((r["holder_pid"] for r in for_each_hold() if r["target_pid"] == target_pid), None)
 
 
 def suspended_by(target_pid):

@@ -24,8 +24,10 @@ def probe(ctx, target_pid=None, open_device=True):
                      "max_save_bytes_per_queue": sizes.max_save_bytes if sizes else None,
                      "debugger_supported": gfxv >= 90000})
     report = {"schema": "kfdtool.probe/1", "target_pid": target_pid, "gpus": gpus, "mechanisms": [], "notes": []}
+    not_kfd = None
     if target_pid is not None and not (ctx.sysfs.proc / str(target_pid)).is_dir():
-        report["notes"].append(f"pid {target_pid} is not a KFD process (no /sys/class/kfd/kfd/proc/{target_pid})")
+        not_kfd = f"pid {target_pid} is not a KFD process (no /sys/class/kfd/kfd/proc/{target_pid})"
+        report["notes"].append(not_kfd)
     kfd, abi_minor = None, None
     if open_device:
         try:
@@ -38,9 +40,11 @@ def probe(ctx, target_pid=None, open_device=True):
         report["notes"].append("/dev/kfd not opened: ABI version and patched ioctls not probed")
     try:
         gfx = [n.gfx_target_version for n in topo.for_each_gpu() if n.gfx_target_version]
-        report["mechanisms"].append(debugtrap.availability(abi_minor, params.get("sched_policy"), gfx,
-                                                           target_pid).to_dict())
-        report["mechanisms"].append(update_queue.availability(target_pid).to_dict())
+        for found in (debugtrap.availability(abi_minor, params.get("sched_policy"), gfx, target_pid),
+                      update_queue.availability(target_pid)):
+            if not_kfd and found.available:        # no queues to act on, whatever the mechanism
+                found.available, found.why = False, not_kfd
+            report["mechanisms"].append(found.to_dict())
         for variant in patched.VARIANTS:
             report["mechanisms"].append(patched.availability(kfd, variant).to_dict())
     finally:

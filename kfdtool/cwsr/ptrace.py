@@ -43,7 +43,12 @@ def why_denied(pid):
     scope = ptrace_scope()
     tracer = tracer_of(pid)
     if tracer and tracer != os.getpid():
-        return f"pid {pid} is already traced by pid {tracer} (a debugger such as rocgdb?)"
+        try:
+            with open(f"/proc/{tracer}/comm") as f:
+                who = f.read().strip()
+        except OSError:
+            who = "a debugger"
+        return f"pid {pid} is already traced by pid {tracer} ({who})"
     if scope == 3:
         return "kernel.yama.ptrace_scope=3 forbids ptrace attach for everyone"
     if scope in (1, 2):

@@ -11,6 +11,7 @@ import sys
 
 from ..cwsr.sizing import cwsr_sizes
 from ..device import KfdDevice
+from ..errors import Error
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..topology import read_topology
@@ -99,13 +100,18 @@ def main(argv=None):
     kfd = KfdDevice(sim.open_kfd())
     rt = FakeRuntime(kfd, sim.sysfs_root, runtime_enable=not args.no_runtime_enable)
     gpus = [n.gpu_id for n in rt.topology.for_each_gpu()]
+    if not 0 < args.gpus <= len(gpus):
+        parser.exit(1, f"{parser.prog}: --gpus {args.gpus}: simulated {args.sim} has {len(gpus)} GPUs\n")
     chosen = [gpus[(args.first_gpu + i) % len(gpus)] for i in range(args.gpus)]
-    for gpu in chosen:
-        rt.alloc(gpu, int(args.vram_gib * (1 << 30)), VRAM)
-        for _ in range(args.queues):
-            rt.create_queue(gpu, priority=args.priority)
-        for _ in range(args.sdma):
-            rt.create_queue(gpu, c.KFD_IOC_QUEUE_TYPE_SDMA, ring_size=1 << 16)
+    try:
+        for gpu in chosen:
+            rt.alloc(gpu, int(args.vram_gib * (1 << 30)), VRAM)
+            for _ in range(args.queues):
+                rt.create_queue(gpu, priority=args.priority)
+            for _ in range(args.sdma):
+                rt.create_queue(gpu, c.KFD_IOC_QUEUE_TYPE_SDMA, ring_size=1 << 16)
+    except Error as e:                             # one line for whoever started us (`kfdtool sim workload`)
+        parser.exit(1, f"{parser.prog}: {e}\n")
     with sim.control() as ctl:
         ctl("set_waves", pid=os.getpid(), waves=args.waves)
     print(f"ready {os.getpid()}", flush=True)
