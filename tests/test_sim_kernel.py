@@ -2,9 +2,13 @@
 real hardware uses. The test process itself is the GPU process."""
 import ctypes
 import errno
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import ioctl_opt
 import pytest
@@ -333,3 +337,44 @@ def test_process_exit_removes_proc_entry(sim):
     while proc_dir.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not proc_dir.exists()
+
+
+NOBODY = 65534
+CONTROL_AS_NOBODY = """
+import json, socket, struct, sys
+LEN = struct.Struct({len_fmt!r})
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+out = []
+for op in ({ops}):
+    body = b"C" + json.dumps(op).encode()
+    s.sendall(LEN.pack(len(body)) + body)
+    head = s.recv(LEN.size, socket.MSG_WAITALL)
+    reply = s.recv(LEN.unpack(head)[0], socket.MSG_WAITALL)
+    out.append(json.loads(reply[1:]))
+print(json.dumps(out))
+"""
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"          # the other user cannot run a Python under /root
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                    reason="drops to another uid: needs root and a system Python")
+def test_control_channel_belongs_to_the_machines_owner(sim_dir):
+    """Any user may open the simulated /dev/kfd, only the owner (or root) may steer the simulation."""
+    from kfdtool.sim.protocol import LEN
+    machine = start("mi210")
+    for d in [machine.dir, *machine.dir.parents]:           # let the other user reach the socket
+        if d == Path("/"):
+            break
+        d.chmod(d.stat().st_mode | 0o001)
+    ops = [{"op": "status"}, {"op": "adopt", "pid": 1, "uid": 0}, {"op": "shutdown"}]
+    code = CONTROL_AS_NOBODY.format(len_fmt=LEN.format, ops=", ".join(map(repr, ops)))
+    child = subprocess.run([SYSTEM_PYTHON, "-c", code, str(machine.socket)], capture_output=True, text=True,
+                           timeout=30, preexec_fn=lambda: (os.setgid(NOBODY), os.setuid(NOBODY)), cwd="/")
+    assert child.returncode == 0, child.stderr
+    replies = json.loads(child.stdout)
+    assert all("permission denied" in r.get("error", "") for r in replies)
+    with machine.control() as ctl:                          # still running, nothing adopted
+        assert 1 not in ctl("status")["processes"]

@@ -207,6 +207,11 @@ class SimServer:
 
     # --- control (simulation-only operations, never part of the KFD ABI) ----------------------
     def _control(self, conn, msg):
+        # /dev/kfd is open to every user, the simulation's own levers are not: only the user who
+        # started this machine (or root) may adopt, evict, change waves or parameters, or stop it
+        if conn.uid not in (0, os.getuid()):
+            return {"error": f"permission denied: simulated {self.dir.name} belongs to uid {os.getuid()}; "
+                             f"its control channel is the owner's (or root's)"}
         op = msg.get("op")
         handler = getattr(self, f"ctl_{op}", None)
         if handler is None:
@@ -232,9 +237,17 @@ class SimServer:
         """Make an existing OS process a KFD process with queues, without it speaking the
         protocol (cheap bulk workloads for benchmarks); it is released when it exits."""
         pid = int(msg["pid"])
+        uid = int(msg.get("uid", conn.uid))
+        if conn.uid != 0:                          # a user adopts only its own processes, as itself
+            try:
+                owner = os.stat(f"/proc/{pid}").st_uid
+            except OSError:
+                raise ValueError(f"pid {pid} does not exist") from None
+            if uid != conn.uid or owner != conn.uid:
+                raise ValueError(f"permission denied: uid {conn.uid} may adopt only its own processes, as itself")
         if not self.exits.watch(pid):
             raise ValueError(f"pid {pid} does not exist")
-        proc = self.kfd.open_process(pid, int(msg.get("uid", conn.uid)))
+        proc = self.kfd.open_process(pid, uid)
         proc.runtime_state = 1
         for spec in msg.get("queues", []):
             gpu = int(spec["gpu_id"])
