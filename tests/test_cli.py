@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import run_cli
+from kfdtool.cli.sim_cmd import spawn_workload
 from simhelpers import start
 
 
@@ -203,3 +204,28 @@ def test_a_symlink_loop_at_topology_is_named(tmp_path):
 
 def test_workload_on_more_gpus_than_the_machine_has(sim):
     one_line_error(run_cli("sim", "workload", "mi308x", "--gpus", "999"), "--gpus 999: simulated mi308x has 32 GPUs")
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_tables_fit_narrow_terminals_without_cutting_identifiers(sim, columns):
+    """Every line fits; every PID, GPU id and PCI address is shown whole; what was dropped is said."""
+    pids = [spawn_workload("mi308x", "a-rather-long-process-name", gpus=2) for _ in range(2)]
+    try:
+        env = {"COLUMNS": str(columns)}
+        topo = json.loads(run_cli("--sim", "mi308x", "topology", "--json").stdout)
+        shown = run_cli("--sim", "mi308x", "topology", env=env).stdout
+        assert max(map(len, shown.splitlines())) <= columns
+        for node in topo["nodes"]:
+            if node["kind"] == "gpu":
+                assert f" {node['gpu_id']} " in shown and node["pci_bdf"] in shown
+        if columns < 120:
+            assert "--wide shows every column" in shown
+        listing = run_cli("--sim", "mi308x", "queues", env=env).stdout
+        assert max(map(len, listing.splitlines())) <= columns
+        for pid in pids:
+            assert f" {pid} " in listing
+        wide = run_cli("--sim", "mi308x", "--wide", "topology", env=env).stdout
+        assert "IO LINKS" in wide and "HIVE" in wide and "--wide shows" not in wide
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)

@@ -47,6 +47,9 @@ def build_parser(argv=None):
     parser = argparse.ArgumentParser(prog="kfdtool", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kfdtool {__version__}")
+    parser.add_argument("--wide", action="store_true",
+                        help="every table column, however wide the terminal (narrow terminals drop the least "
+                             "important columns; identifiers are never cut)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--sim", metavar="NAME", type=non_empty, help="use the simulated machine NAME (see `kfdtool sim list`)")
     where.add_argument("--sysfs-root", metavar="DIR", type=non_empty,
@@ -66,6 +69,9 @@ def build_parser(argv=None):
 def main(argv=None):
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if args.wide:
+        from . import render
+        render.WIDE = True
     try:
         ctx = Context.from_args(args)
         return args.run(args, ctx)

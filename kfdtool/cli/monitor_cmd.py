@@ -73,8 +73,8 @@ def _grid(scan, rows, sort, limit, notes):
     title = (f"kfdtool monitor — {len(scan.processes)} KFD processes, {sum(len(p.queues) for p in scan.processes)} "
              f"queues, by {sort}")
     caption = notes[-3:] + ([f"{hidden} more rows below (a taller terminal, or --sort)"] if hidden else [])
-    return table(title, [">PID", "NAME", ">CPU %", ">RSS", ">GPU_ID", ">QUEUES", ">SUSPENDED", ">VRAM", ">CU_OCC",
-                         ">SDMA", ">EVICT ms/s"], cells, caption="; ".join(caption) or None)
+    return table(title, [">PID", "NAME", "->CPU %", "->RSS", ">GPU_ID", ">QUEUES", ">SUSPENDED", ">VRAM",
+                         "->CU_OCC", "->SDMA", "->EVICT ms/s"], cells, caption="; ".join(caption) or None)
 
 
 def run(args, ctx):

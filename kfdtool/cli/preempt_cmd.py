@@ -178,7 +178,7 @@ def _hold(args, mech):
 def _print_outcomes(title, outcomes):
     rows = [(o.qid, o.gpu_id, o.outcome, o.ctl_stack_bytes, human_bytes(o.save_area_bytes), o.detail)
             for o in outcomes]
-    console().print(table(title, [">QID", ">GPU_ID", "OUTCOME", ">CTL STACK B", ">SAVED WAVES", "~DETAIL"], rows))
+    console().print(table(title, [">QID", ">GPU_ID", "OUTCOME", "->CTL STACK B", "->SAVED WAVES", "~DETAIL"], rows))
 
 
 def run_resume(args, ctx):

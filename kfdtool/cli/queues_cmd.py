@@ -132,8 +132,8 @@ def _print_table(scan, rates, dt):
     title = f"{len(scan.processes)} KFD processes, {n_queues} queues"
     sdma_col = ">SDMA %" if dt else ">SDMA µs"
     evict_col = ">EVICTED ms/s" if dt else ">EVICTED ms"
-    out.print(table(title, [">PID", "NAME", "USER", ">GPU_ID", ">QID", "TYPE", "STATE", ">RING", ">VRAM", sdma_col,
-                            ">CU_OCC", evict_col], rows, caption=_footer(scan).strip() or None))
+    out.print(table(title, [">PID", "NAME", "-USER", ">GPU_ID", ">QID", "TYPE", "STATE", "->RING", "->VRAM",
+                            "-" + sdma_col, "->CU_OCC", "-" + evict_col], rows, caption=_footer(scan).strip() or None))
 
 
 def _footer(scan):

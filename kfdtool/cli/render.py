@@ -9,19 +9,62 @@ import sys
 def console():
     from rich.console import Console       # imported on first use: --json runs never pay for rich
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
+    if WIDE:
+        width = 1 << 16                          # tables take what they need; the terminal may wrap
     return Console(width=width, soft_wrap=False, highlight=False)
 
 
+WIDE = False          # --wide: every column, however wide the terminal
+
+
 def table(title, columns, rows, caption=None):
-    """Columns: ">NAME" right-aligned, "~NAME" may wrap (long text), else left-aligned."""
-    from rich.table import Table
-    t = Table(title=title, caption=caption, show_lines=False, header_style="bold", title_justify="left")
-    for col in columns:
-        t.add_column(col.lstrip(">~"), justify="right" if col.startswith(">") else "left",
-                     no_wrap=not col.startswith("~"), overflow="fold")
-    for row in rows:
-        t.add_row(*["" if v is None else str(v) for v in row])
-    return t
+    """Columns: ">NAME" right-aligned, "~NAME" may wrap (long text), "-NAME" optional: dropped,
+    rightmost first, when the table would not fit the terminal. No other column is ever cut: an
+    identifier (a PID, a GPU id, a PCI address) is shown whole or the line runs past the edge."""
+    return _FittedTable(title, columns, [["" if v is None else str(v) for v in row] for row in rows], caption)
+
+
+class _FittedTable:
+    """Built when rendered, for the width it gets (rich's own fitting crops cells silently)."""
+    WRAPPED_MIN = 12                              # a wrapping column is not squeezed below this
+
+    def __init__(self, title, columns, rows, caption):
+        self.title, self.columns, self.rows, self.caption = title, columns, rows, caption
+
+    def _natural(self, i):
+        from rich.cells import cell_len
+        name = self.columns[i].lstrip(">~-")
+        return max([cell_len(name)] + [max(map(cell_len, row[i].split("\n"))) for row in self.rows])
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table
+        natural = [self._natural(i) for i in range(len(self.columns))]
+        least = [min(w, self.WRAPPED_MIN) if c.startswith("~") else w for c, w in zip(self.columns, natural)]
+        keep = list(range(len(self.columns)))
+        need = lambda: sum(least[i] + 3 for i in keep) + 1           # noqa: E731  (borders and padding)
+        dropped = []
+        if not WIDE:
+            for i in reversed(range(len(self.columns))):
+                if need() <= options.max_width:
+                    break
+                if self.columns[i].startswith("-"):
+                    keep.remove(i)
+                    dropped.insert(0, self.columns[i].lstrip("-"))
+        caption = self.caption
+        if dropped:
+            note = f"not shown for this width: {', '.join(dropped)} (--wide shows every column)"
+            caption = f"{caption}; {note}" if caption else note
+        t = Table(title=self.title, caption=caption, show_lines=False, header_style="bold", title_justify="left")
+        for i in keep:
+            col = self.columns[i].lstrip("-")
+            wraps = col.startswith("~")
+            t.add_column(col.lstrip(">~"), justify="right" if col.startswith(">") else "left", no_wrap=not wraps,
+                         overflow="fold", min_width=None if wraps else natural[i])
+        for row in self.rows:
+            t.add_row(*[row[i] for i in keep])
+        if WIDE or need() > options.max_width:   # run past the edge rather than cut an identifier
+            options = options.update(width=max(options.max_width, sum(natural[i] + 3 for i in keep) + 1))
+        yield from console.render(t, options)
 
 
 def print_json(obj):

@@ -47,8 +47,8 @@ def run(args, ctx):
     title = (f"KFD topology: {len(gpus)} GPU nodes, {len(topo.nodes) - len(gpus)} CPU nodes"
              f" (generation {topo.generation_id}{', platform ' + oem if oem else ''})")
     out = console()
-    out.print(table(title, [">NODE", "KIND", ">GPU_ID", "TARGET", ">CUS", ">XCC", "PCI", "PART", "HIVE",
-                            ">MEMORY", "IO LINKS"], rows))
+    out.print(table(title, [">NODE", "KIND", ">GPU_ID", "TARGET", ">CUS", "->XCC", "PCI", "-PART", "-HIVE",
+                            ">MEMORY", "-IO LINKS"], rows))
     for problem in topo.problems + [f"node {n.index}: {p}" for n in topo.nodes for p in n.problems]:
         out.print(f"[yellow]warning:[/] {problem}")
     return 0
