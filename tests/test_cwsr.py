@@ -190,7 +190,6 @@ def test_no_hws_is_explained(sim_dir):
 
 @pytest.mark.parametrize("args,needle", [
     (["preempt", "--pid", "999999", "--for", "1s"], "pid 999999 is not a KFD process"),
-    (["preempt", "--pid", "{victim}", "--grace", "256", "--for", "1s"], "does not fit the 8-bit SCH_WAVE field"),
     (["preempt", "--pid", "{victim}", "--queue", "42", "--for", "1s"], "has no queue 42"),
     (["preempt", "--pid", "{victim}", "--gpu", "1", "--for", "1s"], "has no queues to preempt on those GPUs"),
     (["resume", "--pid", "999999", "--all"], "pid 999999 is not a KFD process"),
@@ -363,3 +362,16 @@ def test_probe_of_a_process_without_queues_says_no(sim):
     assert result.returncode == 1
     assert not any(m["available"] for m in doc["mechanisms"])
     assert "not a KFD process" in next(m for m in doc["mechanisms"] if m["mechanism"] == "debug-trap")["why"]
+
+
+def test_grace_period_is_checked_by_the_library_too(sim, victim):
+    """The CLI refuses --grace 256 while parsing (tests/test_bad_inputs.py); a library caller learns it
+    from the mechanism, before anything is suspended."""
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim) as mech:
+            with pytest.raises(ValueError, match="does not fit the 8-bit SCH_WAVE field"):
+                mech.suspend([q.queue_id for q in mech.queues()], 256)
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        kfd.close()

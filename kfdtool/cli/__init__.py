@@ -20,6 +20,13 @@ EPILOG = """examples:
   kfdtool cwsr --probe --pid 1234       # can its queues be preempted with their waves saved?
   kfdtool preempt --pid 1234 --for 1s   # suspend them for a second (CWSR), then resume
   kfdtool --sim mi308x queues           # the same against a simulated machine
+
+environment:
+  KFDTOOL_SYSFS_ROOT   read sysfs here instead of /sys (as --sysfs-root)
+  KFDTOOL_SIM_DIR      where simulated machines keep their trees and sockets
+                       (default /tmp/kfdtool-sim-UID)
+  KFDTOOL_RUN_DIR      where `preempt` records which queues it holds, read by `queues`
+                       (default /run/kfdtool as root, else /tmp/kfdtool-run-UID)
 """
 GLOBAL_OPTIONS_WITH_VALUE = ("--sim", "--sysfs-root")
 

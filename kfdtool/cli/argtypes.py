@@ -32,3 +32,11 @@ def non_empty(text):
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def grace_period(text):
+    """DBG_TRAP's grace period: 8 bits of 1K GPU clocks."""
+    value = non_negative_int(text)
+    if value > 255:
+        raise argparse.ArgumentTypeError(f"the grace period is 0-255 (1K GPU clocks), got {text}")
+    return value

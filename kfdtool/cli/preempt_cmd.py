@@ -9,6 +9,7 @@ import threading
 import time
 
 from ..errors import NoSuchProcess
+from .argtypes import grace_period, positive_int
 from .render import console, human_bytes, print_json, table
 from .commands import help_for
 
@@ -55,10 +56,10 @@ def parse_duration(text):
 def add_parser(sub):
     p = sub.add_parser("preempt", help=PREEMPT_HELP, description=PREEMPT_HELP, epilog=PREEMPT_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pid", type=int, required=True, help="target process")
+    p.add_argument("--pid", type=positive_int, required=True, help="target process")
     p.add_argument("--queue", type=int, action="append", help="queue id (repeatable; default: all)")
     p.add_argument("--gpu", type=int, action="append", help="only queues on this gpu_id (repeatable)")
-    p.add_argument("--grace", type=int, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
+    p.add_argument("--grace", type=grace_period, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
     p.add_argument("--for", dest="duration", type=parse_duration, help="resume after DURATION (e.g. 500ms)")
     p.add_argument("--mechanism", choices=["debug-trap", "patched-preempt-queue"], default="debug-trap",
                    help="patched-preempt-queue: the non-upstream 0x87/0x88 ioctls of patched kernels (opt-in)")
@@ -66,7 +67,7 @@ def add_parser(sub):
     p.set_defaults(run=run_preempt)
     r = sub.add_parser("resume", help=RESUME_HELP, description=RESUME_HELP, epilog=RESUME_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("--pid", type=int, required=True)
+    r.add_argument("--pid", type=positive_int, required=True)
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--all", action="store_true", help="every queue of the process")
     what.add_argument("--queue", type=int, action="append", help="queue id (repeatable)")
