@@ -229,3 +229,22 @@ def test_tables_fit_narrow_terminals_without_cutting_identifiers(sim, columns):
     finally:
         for pid in pids:
             os.kill(pid, 9)
+
+
+def test_fifos_at_a_queue_type_and_a_module_parameter_never_hang(tmp_path):
+    import shutil
+    from kfdtool.sim.runner import static_tree
+    root = tmp_path / "sys"
+    shutil.copytree(static_tree("mi210").sysfs_root, root, symlinks=True)
+    queue = root / "class" / "kfd" / "kfd" / "proc" / str(os.getpid()) / "queues" / "0"
+    queue.mkdir(parents=True)
+    (queue / "size").write_text("1048576\n")
+    (queue / "gpuid").write_text("1\n")
+    os.mkfifo(queue / "type")
+    param = root / "module" / "amdgpu" / "parameters" / "cwsr_enable"
+    param.unlink(missing_ok=True)
+    os.mkfifo(param)
+    env = {"KFDTOOL_SYSFS_ROOT": str(root)}
+    for args in (["queues", "--json"], ["cwsr", "--json"]):
+        result = run_cli(*args, env=env, timeout=30)          # a blocking read would time out here
+        assert "Traceback" not in result.stderr and result.returncode in (0, 1), (args, result.stderr)
