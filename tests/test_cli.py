@@ -248,3 +248,34 @@ def test_fifos_at_a_queue_type_and_a_module_parameter_never_hang(tmp_path):
     for args in (["queues", "--json"], ["cwsr", "--json"]):
         result = run_cli(*args, env=env, timeout=30)          # a blocking read would time out here
         assert "Traceback" not in result.stderr and result.returncode in (0, 1), (args, result.stderr)
+
+
+@pytest.mark.parametrize("unreadable", ["topology", "topology/nodes", "proc"])
+def test_unreadable_directories_are_one_line(tmp_path, monkeypatch, capsys, unreadable):
+    """As a user without rights to them (root reads everything, so the refusal is injected)."""
+    import shutil
+    from kfdtool.cli import main
+    from kfdtool.sim.runner import static_tree
+    root = tmp_path / "sys"
+    shutil.copytree(static_tree("mi210").sysfs_root, root, symlinks=True)
+    denied = str(root / "class" / "kfd" / "kfd" / unreadable)
+    real_listdir, real_open = os.listdir, os.open
+
+    def refused(path):                            # the directory and everything reached through it
+        return str(path) == denied or str(path).startswith(denied + "/")
+
+    def listdir(path="."):
+        if refused(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    def open_(path, flags, *a, **k):
+        if refused(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *a, **k)
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "open", open_)
+    command = "queues" if unreadable == "proc" else "topology"
+    code = main(["--sysfs-root", str(root), command])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Permission denied" in err, err
