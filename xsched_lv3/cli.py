@@ -28,7 +28,10 @@ def build_parser():
     d.add_argument("--policy", default="hpf", choices=list(POLICIES))
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3-<uid>.sock)")
     d.set_defaults(run=cmd_daemon)
-    r = sub.add_parser("run", help="run a program with its PyTorch work scheduled")
+    r = sub.add_parser("run", help="run a program with its PyTorch work scheduled",
+                       description="Run a Python program with its PyTorch work scheduled: hooked at `import "
+                                   "torch`, no code changes. A program that never imports torch (or is not "
+                                   "Python) runs unscheduled and does not appear in `status`.")
     r.add_argument("--priority", type=int, default=0,
                    help="higher runs first; a client with nobody above it on its GPU is never held (default 0)")
     r.add_argument("--policy", choices=list(POLICIES), default="hpf",
