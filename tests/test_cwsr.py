@@ -1,5 +1,6 @@
 """CWSR preemption end to end against the simulator: the library mechanisms, `kfdtool preempt` /
 `resume`, and the never-stuck guarantees (signals, --for, kill -9 of the preempting tool)."""
+import contextlib
 import json
 import os
 import signal
@@ -119,12 +120,22 @@ def test_preempt_for_duration_json(sim, victim):
     assert states(sim, victim)[1]["active"]
 
 
-def test_recovery_resume_all(sim, victim):
-    """A holder that is alive: `kfdtool resume --all` resumes anyway, as ptrace parent."""
+@contextlib.contextmanager
+def _holding(sim, victim):
+    """A live `kfdtool preempt` holding every queue of `victim` (stopped with SIGTERM at the end)."""
     holder = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+        yield holder
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=10)
+
+
+def test_recovery_resume_all(sim, victim):
+    """A holder that is alive: `kfdtool resume --all` resumes anyway, as ptrace parent."""
+    with _holding(sim, victim) as holder:
         result = run_cli("--sim", MACHINE, "resume", "--pid", str(victim), "--all", "--json")
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout)
@@ -134,9 +145,6 @@ def test_recovery_resume_all(sim, victim):
         assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {None}   # the holder holds nothing now
         second = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
         assert second.returncode == 1 and f"kfdtool pid {holder.pid} already preempts" in second.stderr  # still its debugger
-    finally:
-        holder.send_signal(signal.SIGTERM)
-        holder.wait(timeout=10)
 
 
 def test_another_debugger_is_named(sim, victim):
@@ -344,16 +352,10 @@ def test_a_signal_at_any_moment_leaves_nothing_suspended_and_no_traceback(sim, v
 
 
 def test_a_second_kfdtool_is_named_not_rocgdb(sim, victim):
-    holder = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _wait_for(lambda: not any(q["active"] for q in states(sim, victim).values()))
+    with _holding(sim, victim) as holder:
         second = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
         assert second.returncode == 1 and f"kfdtool pid {holder.pid} already preempts pid {victim}" in second.stderr
         assert "rocgdb" not in second.stderr
-    finally:
-        holder.send_signal(signal.SIGTERM)
-        holder.wait(timeout=10)
 
 
 def test_probe_of_a_process_without_queues_says_no(sim):
