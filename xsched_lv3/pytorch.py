@@ -84,21 +84,27 @@ def install():
 
     def scheduled_call(module, *args, **kwargs):
         state = _local.__dict__
+        gate = state.get("inside")          # the gate of the request this thread is in, if any
+        if gate is not None:                # a nested module call, the common case: kept short
+            if not gate.guarded:
+                return original(module, *args, **kwargs)
+            gate.check()                    # only while a higher-priority client shares the GPU
+            out = original(module, *args, **kwargs)
+            if gate.guarded and not module._modules:
+                gate.after_leaf()
+            return out
         gate = state.get("gate") or _process_gate
         if gate is None:
             return original(module, *args, **kwargs)
-        depth = state.get("depth", 0)
-        if depth == 0:
-            gate.begin_request()
-        state["depth"] = depth + 1
+        gate.begin_request()                # a top-level call: one request
+        state["inside"] = gate
         try:
-            if gate.guarded:                # only while a higher-priority client shares the GPU
-                gate.check()                # (inside the try: interrupted while held, the request still ends)
+            if gate.guarded:
+                gate.check()                # inside the try: interrupted while held, the request still ends
             out = original(module, *args, **kwargs)
         finally:
-            state["depth"] = depth
-            if depth == 0:
-                gate.end_request()          # also when the request raised: never left active
+            state["inside"] = None
+            gate.end_request()              # also when the request raised: never left active
         if gate.guarded and not module._modules:
             gate.after_leaf()
         return out
