@@ -141,11 +141,19 @@ def _read(path, dir_fd=None):
         os.close(fd)
 
 
+# Larger than any queue ring, VRAM or counter a kernel reports: a value past it is corruption
+MAX_SYSFS_VALUE = 1 << 62
+
+
 def _int(data):
+    """A sysfs number, or None for junk: not ASCII digits, or beyond MAX_SYSFS_VALUE."""
+    if not data.isascii():
+        return None
     try:
-        return int(data)
+        value = int(data)
     except ValueError:
         return None
+    return value if abs(value) <= MAX_SYSFS_VALUE else None
 
 
 def _optional_int(path, dir_fd):
@@ -167,7 +175,8 @@ def read_process(proc_root_fd, pid, type_names):
         present = set(os.listdir(dfd))
         for name in present:
             if name.startswith("vram_") and name[5:].isdigit():
-                proc.vram[int(name[5:])] = _int(_read(name, dfd))
+                vram = _int(_read(name, dfd))
+                proc.vram[int(name[5:])] = vram if vram is None or vram >= 0 else None
         if "queues" in present:
             proc.queues = _read_queues(dfd, type_names)
         for gpu in proc.gpu_ids:
@@ -194,7 +203,8 @@ def _read_queues(proc_dfd, type_names):
             try:
                 code = _int(_read(f"{qname}/type", qfd))
                 queues.append(KfdQueue(int(qname), _int(_read(f"{qname}/gpuid", qfd)), code,
-                                       type_names.get(code, f"type{code}"), _int(_read(f"{qname}/size", qfd))))
+                                       type_names.get(code, "unknown" if code is None else f"type{code}"),
+                                       _int(_read(f"{qname}/size", qfd))))
             except FileNotFoundError:
                 continue       # destroyed between listdir and read
     finally:

@@ -4,6 +4,7 @@
     >>> for gpu in topo.for_each_gpu(): print(gpu.gpu_id, gpu.gfx_name, gpu.cu_count, gpu.bdf)
 """
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import SysfsError
@@ -228,10 +229,21 @@ def _walk(topo_dir):
     problems = []
     sysprops = _read_props(topo_dir / "system_properties", problems)
     nodes = [_read_node(topo_dir / "nodes" / str(i), i) for i in numbered_dirs(topo_dir / "nodes")]
+    if (topo_dir / "nodes").exists() and not (topo_dir / "nodes").is_dir():
+        problems.append(f"{topo_dir / 'nodes'} is not a directory")
+    seen = {}
+    for node in nodes:                     # gpu_ids name GPUs in every ioctl: two nodes cannot share one
+        if node.gpu_id:
+            if node.gpu_id in seen:
+                node.problems.append(f"gpu_id {node.gpu_id} is also node {seen[node.gpu_id]}'s")
+            seen.setdefault(node.gpu_id, node.index)
     if not nodes:
         problems.append(f"no nodes under {topo_dir}")
     _assign_partitions(nodes)
     return Topology(None, sysprops or {}, nodes, problems)
+
+
+_PROPERTY_LINE = re.compile(r"[A-Za-z0-9_]+ +-?[0-9]+")
 
 
 def _why_not_a_directory(path):
@@ -267,6 +279,9 @@ def _read_node(path, index):
     except OSError as e:
         node.problems.append(f"properties unreadable: {e.strerror}")
         text = None
+    except SysfsError as e:                # a symbolic link loop, a file too large to be an attribute
+        node.problems.append(f"properties unreadable: {e}")
+        text = None
     if text is None:
         node.problems.append("no properties file")
     else:
@@ -278,13 +293,24 @@ def _read_node(path, index):
         if bad:
             node.problems.append(f"properties corrupt or cut short: {', '.join(bad)} "
                                  f"{'missing or not a count' if len(bad) > 1 else 'is missing or not a count'}")
-    gpu_id_text = _optional(lambda: read_text(path / "gpu_id"), node, "gpu_id")
+        junk = sum(1 for line in text.splitlines() if line.strip() and not _PROPERTY_LINE.fullmatch(line.strip()))
+        if junk:                           # the kernel writes only "name number" lines
+            node.problems.append(f"properties: {junk} line(s) are not `name number`")
+
+    try:
+        gpu_id_text = _optional(lambda: read_text(path / "gpu_id"), node, "gpu_id")
+    except SysfsError as e:
+        node.problems.append(f"gpu_id unreadable: {e}")
+        gpu_id_text = None
     node.gpu_id = None
     if gpu_id_text is not None:
         try:
             node.gpu_id = int(gpu_id_text.strip())
         except ValueError:
             node.problems.append(f"gpu_id: not a number ({gpu_id_text.strip()[:20]!r})")
+        if node.gpu_id is not None and node.gpu_id < 0:
+            node.problems.append(f"gpu_id: {node.gpu_id} is negative")
+            node.gpu_id = None
     name = _optional(lambda: read_text(path / "name"), node, "name")
     node.name = name.strip() if name is not None else None
     for kind in ("io_links", "p2p_links"):

@@ -1,6 +1,7 @@
 """kfdtool as a user runs it: subprocesses, real output, bad input -> one line and exit != 0."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -115,7 +116,10 @@ def test_unreadable_topology_file(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["queues", "-p", "abc"], "invalid int value"),
+    (["queues", "-p", "abc"], "not a number: 'abc'"),
+    (["--sim", "mi308x", "queues", "-p", "２５０２"], "ASCII digits only"),
+    (["--sim", "mi308x", "queues", "1e308"], "must be <= 86400"),
+    (["sim", "workload", "mi308x", "--procs", "100000"], "must be <= 512"),
     (["--sim", "mi308x", "queues", "0"], "argument interval: must be > 0"),
     (["--sim", "mi308x", "queues", "1", "-3"], "argument count: must be > 0"),
     (["--sim", "mi308x", "monitor", "--count", "-1"], "argument --count: must be > 0"),
@@ -279,3 +283,43 @@ def test_unreadable_directories_are_one_line(tmp_path, monkeypatch, capsys, unre
     code = main(["--sysfs-root", str(root), command])
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1 and "Permission denied" in err, err
+
+
+@pytest.mark.parametrize("where,content,needle", [
+    ("properties", lambda text: text[: text.index(b"\n", len(text) // 3) + 4], "not `name number`"),   # cut mid-line
+    ("properties", lambda text: bytes(range(256)) * 4, "not `name number`"),
+    ("properties", lambda text: re.sub(rb"simd_count \d+", b"simd_count -4", text), "simd_count is missing or not a count"),
+    ("gpu_id", lambda text: b"garbage\n", "gpu_id: not a number"),
+    ("gpu_id", lambda text: b"-5\n", "gpu_id: -5 is negative"),
+], ids=["properties-cut", "properties-random", "properties-negative", "gpu_id-garbage", "gpu_id-negative"])
+def test_corrupt_sysfs_files_are_warned_about_and_keep_the_node_a_gpu(tmp_path, where, content, needle):
+    import shutil
+    from kfdtool.sim.runner import static_tree
+    src = static_tree("mi210").sysfs_root
+    nodes = src / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    gpu = next(n for n in sorted(nodes.iterdir()) if (n / "gpu_id").read_text().strip() not in ("", "0"))
+    root = tmp_path / "sys"
+    shutil.copytree(src, root, symlinks=True)
+    (root / gpu.relative_to(src) / where).write_bytes(content((gpu / where).read_bytes()))
+    result = run_cli("topology", "--json", env={"KFDTOOL_SYSFS_ROOT": str(root)})
+    doc = json.loads(result.stdout)
+    node = next(n for n in doc["nodes"] if n["node"] == int(gpu.name))
+    assert any(needle in p for p in node["problems"]), node["problems"]
+    assert f"warning: node {gpu.name}: " in result.stderr
+    if where == "properties":
+        assert node["kind"] == "gpu"                   # the gpu_id still says so
+
+
+def test_corrupt_module_parameters_are_unknown_not_echoed(tmp_path):
+    import shutil
+    from kfdtool.sim.runner import static_tree
+    root = tmp_path / "sys"
+    shutil.copytree(static_tree("mi210").sysfs_root, root, symlinks=True)
+    params = root / "module" / "amdgpu" / "parameters"
+    (params / "sched_policy").write_bytes(b"\x1b[31mred\x07\n")
+    (params / "cwsr_enable").unlink()
+    os.mkfifo(params / "cwsr_enable")
+    result = run_cli("cwsr", "--json", env={"KFDTOOL_SYSFS_ROOT": str(root)}, timeout=30)
+    assert "\x1b" not in result.stdout and result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["cwsr_enabled"] is not False          # unknown, not "off"

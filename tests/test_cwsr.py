@@ -336,6 +336,7 @@ def test_works_as_the_targets_ptrace_parent(sim, victim):
 def test_resume_of_a_queue_that_does_not_exist_fails_like_preempt(sim, victim):
     result = run_cli("--sim", MACHINE, "resume", "--pid", str(victim), "--queue", "99")
     assert result.returncode == 1 and "not-found" in result.stdout
+    assert result.stderr.strip() == f"kfdtool: pid {victim}: queue 99 not-found"
 
 
 def test_a_signal_at_any_moment_leaves_nothing_suspended_and_no_traceback(sim, victim):
@@ -358,12 +359,17 @@ def test_a_second_kfdtool_is_named_not_rocgdb(sim, victim):
         assert "rocgdb" not in second.stderr
 
 
-def test_probe_of_a_process_without_queues_says_no(sim):
+def test_probe_of_a_process_without_queues_says_so(sim):
     result = run_cli("--sim", MACHINE, "cwsr", "--probe", "--pid", "999999", "--json")
-    doc = json.loads(result.stdout)
-    assert result.returncode == 1
-    assert not any(m["available"] for m in doc["mechanisms"])
-    assert "not a KFD process" in next(m for m in doc["mechanisms"] if m["mechanism"] == "debug-trap")["why"]
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == "kfdtool: pid 999999 is not a KFD process: no queues to preempt"
+
+
+def test_resume_and_preempt_name_each_queue_once(sim, victim):
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--queue", "0", "--queue", "0",
+                     "--for", "10ms", "--json")
+    assert result.returncode == 0
+    assert [o["qid"] for o in json.loads(result.stdout)["suspend"]] == [0]
 
 
 def test_grace_period_is_checked_by_the_library_too(sim, victim):

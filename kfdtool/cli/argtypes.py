@@ -4,7 +4,9 @@ import argparse
 import math
 
 
-def _number(kind, text, low, inclusive):
+def _number(kind, text, low, inclusive, high=None):
+    if not text.isascii():                       # int() takes "２５０２" (full-width): an admin never means it
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (ASCII digits only)")
     try:
         value = kind(text)
     except ValueError:
@@ -13,6 +15,8 @@ def _number(kind, text, low, inclusive):
         raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
     if value < low or (value == low and not inclusive):
         raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low}, got {text}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
     return value
 
 
@@ -26,6 +30,16 @@ def non_negative_int(text):
 
 def positive_float(text):
     return _number(float, text, 0.0, inclusive=False)
+
+
+def interval_seconds(text):
+    """A watch interval: above zero, at most a day (time.sleep's range, and any sane refresh)."""
+    return _number(float, text, 0.0, inclusive=False, high=86400.0)
+
+
+def process_count(text):
+    """Simulated processes to start one by one: a few hundred is a big machine."""
+    return _number(int, text, 0, inclusive=False, high=512)
 
 
 def non_empty(text):

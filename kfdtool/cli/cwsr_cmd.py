@@ -1,10 +1,12 @@
 """kfdtool cwsr: can queues on this machine be preempted with their waves saved, and at what cost."""
 import argparse
+import sys
 
 from ..cwsr.params import PARAMETERS, SCHED_POLICIES, read_parameters
 from ..cwsr.sizing import cwsr_sizes
 from ..processes import scan_processes
 from ..topology import read_topology
+from .argtypes import positive_int
 from .render import console, group_identical, human_bytes, print_json, table
 from .commands import help_for
 
@@ -22,7 +24,7 @@ def add_parser(sub):
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
     p.add_argument("--probe", action="store_true", help="which preemption mechanisms would work, and why not")
-    p.add_argument("--pid", type=int, help="with --probe: for this target process")
+    p.add_argument("--pid", type=positive_int, help="with --probe: for this target process")
     p.set_defaults(run=run)
     return p
 
@@ -55,9 +57,16 @@ def collect(ctx):
 
 def run_probe(args, ctx):
     from ..cwsr.probe import probe
+    from ..errors import NoSuchProcess
+    if args.pid is not None:
+        ctx.sysfs.require_kfd()
+        if not (ctx.sysfs.proc / str(args.pid)).is_dir():
+            raise NoSuchProcess(args.pid, "is not a KFD process: no queues to preempt")
     report = probe(ctx, args.pid)
     # for a target: exit 1 when nothing could preempt it (scripts ask `cwsr --probe --pid P && ...`)
     status = 1 if args.pid is not None and not any(m["available"] for m in report["mechanisms"]) else 0
+    if status:
+        print(f"kfdtool: no mechanism can preempt pid {args.pid}'s queues here", file=sys.stderr)
     if args.json:
         print_json(report)
         return status

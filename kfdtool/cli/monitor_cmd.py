@@ -5,7 +5,7 @@ import argparse
 import time
 
 from ..cwsr.holds import mark_held
-from .argtypes import positive_float, positive_int
+from .argtypes import interval_seconds, positive_int
 from ..hostusage import HostUsage
 from ..processes import scan_processes
 from ..sysfs import read_int
@@ -33,7 +33,7 @@ def add_parser(sub):
                        epilog="examples:\n  kfdtool monitor\n  kfdtool --sim mi308x monitor --interval 0.5\n"
                               "  kfdtool monitor --sort cpu       # the most CPU-hungry GPU processes first\n"
                               "  kfdtool monitor --count 5        # five refreshes, then exit\n")
-    p.add_argument("--interval", type=positive_float, default=1.0)
+    p.add_argument("--interval", type=interval_seconds, default=1.0)
     p.add_argument("--count", type=positive_int, help="stop after this many refreshes")
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="vram",
                    help="order of the rows, largest first (default: vram); a terminal shows the rows that fit")

@@ -9,7 +9,7 @@ import threading
 import time
 
 from ..errors import NoSuchProcess
-from .argtypes import grace_period, positive_int
+from .argtypes import grace_period, non_negative_int, positive_int
 from .render import console, human_bytes, print_json, table
 from .commands import help_for
 
@@ -57,8 +57,8 @@ def add_parser(sub):
     p = sub.add_parser("preempt", help=PREEMPT_HELP, description=PREEMPT_HELP, epilog=PREEMPT_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pid", type=positive_int, required=True, help="target process")
-    p.add_argument("--queue", type=int, action="append", help="queue id (repeatable; default: all)")
-    p.add_argument("--gpu", type=int, action="append", help="only queues on this gpu_id (repeatable)")
+    p.add_argument("--queue", type=non_negative_int, action="append", help="queue id (repeatable; default: all)")
+    p.add_argument("--gpu", type=positive_int, action="append", help="only queues on this gpu_id (repeatable)")
     p.add_argument("--grace", type=grace_period, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
     p.add_argument("--for", dest="duration", type=parse_duration, help="resume after DURATION (e.g. 500ms)")
     p.add_argument("--mechanism", choices=["debug-trap", "patched-preempt-queue"], default="debug-trap",
@@ -70,7 +70,7 @@ def add_parser(sub):
     r.add_argument("--pid", type=positive_int, required=True)
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--all", action="store_true", help="every queue of the process")
-    what.add_argument("--queue", type=int, action="append", help="queue id (repeatable)")
+    what.add_argument("--queue", type=non_negative_int, action="append", help="queue id (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(run=run_resume)
 
@@ -95,7 +95,7 @@ def _select(entries, args):
         missing = sorted(set(args.queue) - {e.queue_id for e in entries})
         if missing:
             raise ValueError(f"pid {args.pid} has no queue {missing[0]}")
-        return [q for q in args.queue if q in ids]
+        return [q for q in dict.fromkeys(args.queue) if q in ids]       # each queue once
     return sorted(ids)
 
 
@@ -205,4 +205,9 @@ def run_resume(args, ctx):
         _print_outcomes(f"resumed pid {args.pid} in {elapsed * 1e3:.2f} ms", outcomes)
     else:
         print(f"resumed {count} queues of pid {args.pid} in {elapsed * 1e3:.2f} ms")
-    return 0 if outcomes is None or all(o.ok for o in outcomes) else 1      # as preempt: a queue not found fails
+    failed = [o for o in outcomes or () if not o.ok]
+    if failed:                             # as preempt: a queue not found fails, said on stderr
+        print(f"kfdtool: pid {args.pid}: queue {failed[0].qid} {failed[0].outcome}"
+              + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""), file=sys.stderr)
+        return 1
+    return 0

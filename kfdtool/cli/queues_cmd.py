@@ -4,7 +4,7 @@ import sys
 import time
 
 from ..cwsr.holds import mark_held
-from .argtypes import positive_float, positive_int
+from .argtypes import interval_seconds, positive_int
 from ..errors import NoSuchProcess
 from ..processes import scan_processes
 from .render import console, human_bytes, print_csv, print_json, table
@@ -27,12 +27,12 @@ CSV_HEADER = ["pid", "name", "user", "container_pid", "gpu_id", "qid", "type", "
 def add_parser(sub):
     p = sub.add_parser("queues", help=HELP, description=HELP, epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-p", "--pid", type=int, action="append", help="only this pid (repeatable)")
+    p.add_argument("-p", "--pid", type=positive_int, action="append", help="only this pid (repeatable)")
     p.add_argument("-n", "--name", action="append", help="only processes whose name contains NAME")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON (one document per sample in watch mode)")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per queue")
-    p.add_argument("interval", nargs="?", type=positive_float, help="watch: seconds between samples")
+    p.add_argument("interval", nargs="?", type=interval_seconds, help="watch: seconds between samples")
     p.add_argument("count", nargs="?", type=positive_int, help="watch: number of samples (default: until Ctrl-C)")
     p.set_defaults(run=run)
 

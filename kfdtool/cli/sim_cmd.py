@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from ..errors import SimulatorError
-from .argtypes import non_negative_int, positive_int
+from .argtypes import non_negative_int, positive_int, process_count
 from ..sim import ABIS
 from .render import console, table
 from .commands import help_for
@@ -39,7 +39,7 @@ def add_parser(sub):
     status.set_defaults(run=run_status)
     work = s.add_parser("workload", help="start simulated GPU processes with queues")
     work.add_argument("machine")
-    work.add_argument("--procs", type=positive_int, default=3)
+    work.add_argument("--procs", type=process_count, default=3)
     work.add_argument("--queues", type=non_negative_int, default=2, help="compute queues per GPU per process")
     work.add_argument("--gpus", type=positive_int, default=1, help="GPUs per process")
     work.add_argument("--sdma", type=non_negative_int, default=0, help="SDMA queues per GPU per process")

@@ -1,4 +1,6 @@
 """kfdtool topology: the GPUs and CPUs as KFD sees them."""
+import sys
+
 from ..topology import read_topology
 from .render import console, human_bytes, print_json, table
 from .commands import help_for
@@ -25,6 +27,9 @@ def _raw():
 
 def run(args, ctx):
     topo = read_topology(ctx.sysfs)
+    warnings = topo.problems + [f"node {n.index}: {p}" for n in topo.nodes for p in n.problems]
+    for problem in warnings:               # on stderr: --json stays parseable, a person still sees them
+        print(f"warning: {problem}", file=sys.stderr)
     if args.json:
         print_json(topo.to_dict())
         return 0
@@ -49,6 +54,4 @@ def run(args, ctx):
     out = console()
     out.print(table(title, [">NODE", "KIND", ">GPU_ID", "TARGET", ">CUS", "->XCC", "PCI", "-PART", "-HIVE",
                             ">MEMORY", "-IO LINKS"], rows))
-    for problem in topo.problems + [f"node {n.index}: {p}" for n in topo.nodes for p in n.problems]:
-        out.print(f"[yellow]warning:[/] {problem}")
     return 0

@@ -27,6 +27,9 @@ def read_parameters(root=None):
             values[name] = None
             continue
         text = text.strip()
+        if not text or not text.isprintable() or not text.isascii():
+            values[name] = None            # empty (a FIFO), or bytes no kernel writes: unknown, never echoed
+            continue
         if text in ("Y", "N"):
             values[name] = text == "Y"
         else:
