@@ -383,3 +383,12 @@ def test_grace_period_is_checked_by_the_library_too(sim, victim):
         assert all(q["active"] for q in states(sim, victim).values())
     finally:
         kfd.close()
+
+
+def test_a_run_dir_that_is_a_file_is_refused_before_suspending(sim, victim, tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms",
+                     env={"KFDTOOL_RUN_DIR": str(not_a_dir)})
+    assert result.returncode == 1 and result.stderr.strip() == f"kfdtool: {not_a_dir} (KFDTOOL_RUN_DIR) is not a directory"
+    assert all(q["active"] for q in states(sim, victim).values())

@@ -101,12 +101,13 @@ def _select(entries, args):
 
 def run_preempt(args, ctx):
     from ..cwsr.debugtrap import DebugTrapSuspend
-    from ..cwsr.holds import Hold
+    from ..cwsr.holds import Hold, ensure_run_dir
     from ..cwsr.patched import PatchedIoctlSuspend
     from ..topology import read_topology
     ctx.sysfs.require_kfd()                 # "no KFD here" before "not a KFD process"
     if not (ctx.sysfs.proc / str(args.pid)).is_dir():
         raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+    ensure_run_dir()                        # where the hold is recorded: refuse now, not after suspending
     topo = read_topology(ctx.sysfs)
     mes = {n.gpu_id for n in topo.for_each_gpu() if (n.gfx_target_version or 0) >= 110000}
     # From here to the last line a signal means "resume and exit 128+N": while opening the device

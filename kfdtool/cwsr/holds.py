@@ -19,6 +19,17 @@ def run_dir():
     return Path(f"/tmp/kfdtool-run-{os.getuid()}")
 
 
+def ensure_run_dir():
+    """The hold records' directory, created if needed: checked before anything is suspended."""
+    d = run_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        from ..errors import Error
+        raise Error(f"{d} (KFDTOOL_RUN_DIR) is not a directory") from None
+    return d
+
+
 class Hold:
     """Context manager: the record exists exactly while this process holds the queues."""
 
