@@ -99,9 +99,14 @@ class Board:
     def set_hint(self, slot, name, value):
         off = SLOTS_OFFSET + slot * SLOT.size
         fields = {"priority": (4, "<i"), "utilization": (24, "<d"), "deadline_us": (32, "<d"),
-                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i"), "device": (52, "<I")}
+                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i")}
         where, fmt = fields[name]
         struct.pack_into(fmt, self.mm, off + where, value)
+        self._bump(slot)
+
+    def set_device(self, slot, device):
+        """The GPU a client's work runs on, once it is known (a key, see SLOT)."""
+        struct.pack_into("<I", self.mm, SLOTS_OFFSET + slot * SLOT.size + 52, device)
         self._bump(slot)
 
     def set_policy(self, name):

@@ -23,19 +23,20 @@ import time
 from collections import deque
 
 from .board import Board
-from .policy import check_hint, make_policy
+from .policy import check_hint, make_policy, shares_device
 from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 200e-6     # held back: poll the board with backoff (GIL-friendly)
 # A process's only launching thread spins (yielding the GIL each turn) for the first part of a hold:
 # a sleeping thread on an idle CPU wakes late, and a launch-bound client then runs slowly for a while.
 PROCESS_SPIN_S = 2e-3
-REAP_EVERY_S = 0.05
+REAP_EVERY_S = 0.05                        # held: look for dead clients this often
+REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at most this often
 
 
 class Gate:
-    def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, name=None,
-                 spin_s=0.0, **hints):
+    def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, spin_s=0.0,
+                 **hints):
         # recorder: record() -> handle, done(handle) (never blocks), wait(handle), device_key() -> an
         #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
@@ -44,7 +45,6 @@ class Gate:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.window_us = window_us                 # None or 0: never windowed (in-flight work unbounded)
         self.spin_s = spin_s                       # held: poll without sleeping this long, then back off
-        self.name = name or f"pid{os.getpid()}"
         self.board = board or Board()
         self.device = recorder.device_key() or 0   # 0: not known yet
         self.guarded = False                       # read on every module call
@@ -91,8 +91,7 @@ class Gate:
             self._set_mode(False, False)
             return
         mine = me.hints.get("priority", 0)
-        peers = [q.hints.get("priority", 0) for q in states
-                 if q.id != self.slot and (q.device == me.device or not q.device or not me.device)]
+        peers = [q.hints.get("priority", 0) for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
             self._set_mode(any(p > mine for p in peers), any(p < mine for p in peers))
         else:                                       # shares, deadlines: everyone may have to yield
@@ -108,10 +107,8 @@ class Gate:
         if guarded and not self.guarded and self.window_us:
             self.window = ProgressiveWindow(self.window_us)
             self._per_sync, self._leaves = self.window.commands_per_sync(), 0
-            if self.device:                        # GPU in use: what we launched while free is in
-                window = self.window               # flight too; count it as two windows, so the
-                window.since_sync_us, window.since_sync_n = 2 * window.window_us, 1    # next sync
-                window.recorded(self.recorder.record(), time.monotonic())           # point drains it
+            if self.device:                        # GPU in use: what we launched while free is in flight too
+                self.window.backlog(self.recorder.record(), time.monotonic())
         elif not guarded:
             self.window = None
         self.guarded = guarded
@@ -130,8 +127,8 @@ class Gate:
         if not self.device:
             self.device = self.recorder.device_key() or 0
             if self.device:
-                self.board.set_hint(self.slot, "device", self.device)
-        if now - self._last_reap > REAP_EVERY_S * 20:
+                self.board.set_device(self.slot, self.device)
+        if now - self._last_reap > REAP_IDLE_EVERY_S:
             self._last_reap = now
             self.board.reap()                      # a dead client must not keep us guarded
         if self._seqs != self.board.seqs():
@@ -198,25 +195,20 @@ class Gate:
         self.check()                               # kernels a parent launches after this child are gated too
 
     def _sync_point(self):
-        with self._window_lock:                    # threads of one process share its window
-            self._sync_point_locked()
-
-    def _sync_point_locked(self):
         window, recorder = self.window, self.recorder
         n, self._leaves = self._leaves, 0
         if window is None:
             return
-        window.since_sync_n = n
-        window.since_sync_us = n * window.cmd_us if window.calibrated else 0.0
-        window.recorded(recorder.record(), time.monotonic())
-        self.sync_points += 1
-        window.retire(recorder.done)                   # what the GPU has passed: no wait, nothing learned
-        kept_up = len(window.pending) <= 1
-        if window.over():                              # the GPU is behind by more than the window
-            self.blocked_syncs += 1
-            recorder.wait(window.pending[0][0])
-            window.retire(recorder.done, waited_at=time.monotonic())
-        self._per_sync = window.commands_per_sync(self._per_sync, kept_up)
+        with self._window_lock:                        # threads of one process share its window
+            window.segment(recorder.record(), time.monotonic(), n)
+            self.sync_points += 1
+            window.retire(recorder.done)               # what the GPU has passed: no wait, nothing learned
+            kept_up = len(window.pending) <= 1
+            if window.over():                          # the GPU is behind by more than the window
+                self.blocked_syncs += 1
+                recorder.wait(window.pending[0][0])
+                window.retire(recorder.done, waited_at=time.monotonic())
+            self._per_sync = window.commands_per_sync(self._per_sync, kept_up)
 
     def _wait_turn(self, start):
         self.waits += 1
@@ -243,7 +235,8 @@ class Gate:
         window = self.window
         return {"priority": self.priority, "device": self.device, "guarded": self.guarded,
                 "tracking": self.tracking, "requests": self._requests, "waits": self.waits,
-                "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points, "blocked_syncs": self.blocked_syncs,
+                "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points,
+                "blocked_syncs": self.blocked_syncs,
                 "window_cmd_us": window.cmd_us if window is not None and window.calibrated else None}
 
     def close(self):

@@ -39,6 +39,11 @@ class Policy(ABC):
         """queues: [QueueState]; returns a Decision. Queues not in `run` are suspended."""
 
 
+def shares_device(a, b):
+    """Two queues' devices may be the same GPU: equal, or either not known yet (0)."""
+    return a == b or not a or not b
+
+
 class HighestPriorityFirst(Policy):
     """Per device: run the queues at or above the highest ready priority on their device (a queue
     whose device is not known, 0, counts on every device). Idle queues below it are held too: they
@@ -47,15 +52,11 @@ class HighestPriorityFirst(Policy):
     strict_priority = True
 
     def decide(self, queues, now):
-        top = {}
-        for q in queues:
-            if q.ready:
-                top[q.device] = max(top.get(q.device, -math.inf), q.hints.get("priority", 0))
-        # device 0: not known yet (or a client registered without one): it may share any device
-        unknown, highest = top.get(0, -math.inf), max(top.values(), default=-math.inf)
+        ready = [q for q in queues if q.ready]
 
         def bar(q):
-            return highest if not q.device else max(top.get(q.device, -math.inf), unknown)
+            return max((r.hints.get("priority", 0) for r in ready if shares_device(r.device, q.device)),
+                       default=-math.inf)
         return Decision({q.id for q in queues if q.hints.get("priority", 0) >= bar(q)})
 
 

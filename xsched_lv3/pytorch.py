@@ -70,10 +70,6 @@ class TorchRecorder:
         return zlib.crc32(name.encode()) or 1
 
 
-def _gate():
-    return getattr(_local, "gate", None) or _process_gate
-
-
 def install():
     """Wrap nn.Module.__call__ (idempotent)."""
     global _installed
@@ -117,7 +113,7 @@ def install():
 def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
     """Bind the current thread to a scheduled client for the duration of the block."""
     install()
-    gate = Gate(TorchRecorder(), priority, policy, window_us, name=f"tid{threading.get_native_id()}", **hints)
+    gate = Gate(TorchRecorder(), priority, policy, window_us, **hints)
     previous = getattr(_local, "gate", None)
     _local.gate = gate
     _thread_clients(+1)
@@ -174,9 +170,9 @@ def enable_for_process():
                          os.environ.get("XSCHED_LV3_POLICY", "hpf"),
                          DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
                          **hints)
+    atexit.register(_process_gate.close)     # its slot goes with it, after the report (atexit is LIFO)
     if os.environ.get("XSCHED_LV3_REPORT"):
         atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
-    atexit.register(_process_gate.close)     # its slot goes with it (after the report: atexit is LIFO)
     return _process_gate
 
 

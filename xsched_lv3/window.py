@@ -58,6 +58,20 @@ class ProgressiveWindow:
             return self.since_sync_n >= self.min_commands
         return self.since_sync_us >= self.sync_every_us and self.since_sync_n >= self.min_commands
 
+    def segment(self, handle, now, n):
+        """A sync point after `n` commands counted by the caller (the inline gate counts leaf
+        modules itself): each weighs the learned GPU time, nothing while none was learned."""
+        self.since_sync_n += n
+        self.since_sync_us += n * self.cmd_us if self.calibrated else 0.0
+        self.recorded(handle, now)
+
+    def backlog(self, handle, now):
+        """A sync point after work launched before the window existed, of unknown length: it counts
+        as two windows, so the next sync point waits for it to drain."""
+        self.since_sync_n += 1
+        self.since_sync_us += 2 * self.window_us
+        self.recorded(handle, now)
+
     def recorded(self, handle, now):
         self.pending.append((handle, self.since_sync_us, self.since_sync_n, now))
         self.pending_us += self.since_sync_us
@@ -90,7 +104,7 @@ class ProgressiveWindow:
         Before anything was learned: when a whole segment is still queued behind another."""
         if not self.pending:
             return False
-        if self.pending_us + self.since_sync_us > self.window_us:
+        if self.in_flight_us > self.window_us:
             return True
         return not self.calibrated and len(self.pending) >= 2
 
