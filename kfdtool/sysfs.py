@@ -111,6 +111,18 @@ def parse_properties(text):
     return props
 
 
+def malformed_property_lines(text):
+    """Lines of a ``properties`` file that are not ``name number``: the kernel writes no others, so
+    any is corruption (random bytes, a line cut short). `parse_properties` skips or keeps them."""
+    count = 0
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name and not (name.replace("_", "").isalnum() and name.isascii()
+                         and value.strip().lstrip("-").isdigit() and value.strip().isascii()):
+            count += 1
+    return count
+
+
 def numbered_dirs(path):
     """Sorted integer-named entries of a directory ([] if missing)."""
     try:

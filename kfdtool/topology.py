@@ -4,11 +4,10 @@
     >>> for gpu in topo.for_each_gpu(): print(gpu.gpu_id, gpu.gfx_name, gpu.cu_count, gpu.bdf)
 """
 import os
-import re
 from dataclasses import dataclass, field
 
 from .errors import SysfsError
-from .sysfs import SysfsRoot, numbered_dirs, parse_properties, read_int, read_text
+from .sysfs import SysfsRoot, malformed_property_lines, numbered_dirs, parse_properties, read_int, read_text
 
 GENERATION_RETRIES = 5
 IOLINK_TYPES = {1: "HYPERTRANSPORT", 2: "PCIE", 3: "AMBA", 4: "MIPI", 5: "QPI_1_1", 8: "QPI",
@@ -243,9 +242,6 @@ def _walk(topo_dir):
     return Topology(None, sysprops or {}, nodes, problems)
 
 
-_PROPERTY_LINE = re.compile(r"[A-Za-z0-9_]+ +-?[0-9]+")
-
-
 def _why_not_a_directory(path):
     try:
         os.stat(path)
@@ -265,6 +261,9 @@ def _read_props(path, problems):
     except OSError as e:
         problems.append(f"{path}: {e.strerror}")
         return None
+    except SysfsError as e:
+        problems.append(str(e))
+        return None
     return None if text is None else parse_properties(text)
 
 
@@ -276,11 +275,8 @@ def _read_node(path, index):
         node.hidden = True                 # device cgroup: the kernel returns EPERM on every file
         node.problems.append("hidden: permission denied (device cgroup)")
         return node
-    except OSError as e:
-        node.problems.append(f"properties unreadable: {e.strerror}")
-        text = None
-    except SysfsError as e:                # a symbolic link loop, a file too large to be an attribute
-        node.problems.append(f"properties unreadable: {e}")
+    except (OSError, SysfsError) as e:     # SysfsError: a symbolic link loop, a file too large to be one
+        node.problems.append(f"properties unreadable: {getattr(e, 'strerror', None) or e}")
         text = None
     if text is None:
         node.problems.append("no properties file")
@@ -293,15 +289,11 @@ def _read_node(path, index):
         if bad:
             node.problems.append(f"properties corrupt or cut short: {', '.join(bad)} "
                                  f"{'missing or not a count' if len(bad) > 1 else 'is missing or not a count'}")
-        junk = sum(1 for line in text.splitlines() if line.strip() and not _PROPERTY_LINE.fullmatch(line.strip()))
-        if junk:                           # the kernel writes only "name number" lines
+        junk = malformed_property_lines(text)
+        if junk:
             node.problems.append(f"properties: {junk} line(s) are not `name number`")
 
-    try:
-        gpu_id_text = _optional(lambda: read_text(path / "gpu_id"), node, "gpu_id")
-    except SysfsError as e:
-        node.problems.append(f"gpu_id unreadable: {e}")
-        gpu_id_text = None
+    gpu_id_text = _optional(lambda: read_text(path / "gpu_id"), node, "gpu_id")
     node.gpu_id = None
     if gpu_id_text is not None:
         try:
@@ -339,6 +331,8 @@ def _optional(read, node, what):
         node.problems.append(f"{what}: permission denied")
     except OSError as e:
         node.problems.append(f"{what}: {e.strerror}")
+    except SysfsError as e:                # a symbolic link loop, a file too large to be an attribute
+        node.problems.append(f"{what}: {e}")
     return None
 
 

@@ -18,6 +18,13 @@ class Context:
             return cls(SysfsRoot(machine.sysfs_root), machine, machine.kernel_release)
         return cls(SysfsRoot(args.sysfs_root), None, None)
 
+    def require_kfd_process(self, pid, why="is not a KFD process (no /sys/class/kfd/kfd/proc entry)"):
+        """"No KFD here" before "not a KFD process": a command aimed at one process checks both first."""
+        from ..errors import NoSuchProcess
+        self.sysfs.require_kfd()
+        if not (self.sysfs.proc / str(pid)).is_dir():
+            raise NoSuchProcess(pid, why)
+
     def open_device(self):
         from ..device import KfdDevice
         if self.sim is not None:

@@ -57,11 +57,8 @@ def collect(ctx):
 
 def run_probe(args, ctx):
     from ..cwsr.probe import probe
-    from ..errors import NoSuchProcess
     if args.pid is not None:
-        ctx.sysfs.require_kfd()
-        if not (ctx.sysfs.proc / str(args.pid)).is_dir():
-            raise NoSuchProcess(args.pid, "is not a KFD process: no queues to preempt")
+        ctx.require_kfd_process(args.pid, "is not a KFD process: no queues to preempt")
     report = probe(ctx, args.pid)
     # for a target: exit 1 when nothing could preempt it (scripts ask `cwsr --probe --pid P && ...`)
     status = 1 if args.pid is not None and not any(m["available"] for m in report["mechanisms"]) else 0

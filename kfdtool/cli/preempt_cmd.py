@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 
-from ..errors import NoSuchProcess
 from .argtypes import grace_period, non_negative_int, positive_int
 from .render import console, human_bytes, print_json, table
 from .commands import help_for
@@ -104,9 +103,7 @@ def run_preempt(args, ctx):
     from ..cwsr.holds import Hold, ensure_run_dir
     from ..cwsr.patched import PatchedIoctlSuspend
     from ..topology import read_topology
-    ctx.sysfs.require_kfd()                 # "no KFD here" before "not a KFD process"
-    if not (ctx.sysfs.proc / str(args.pid)).is_dir():
-        raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+    ctx.require_kfd_process(args.pid)
     ensure_run_dir()                        # where the hold is recorded: refuse now, not after suspending
     topo = read_topology(ctx.sysfs)
     mes = {n.gpu_id for n in topo.for_each_gpu() if (n.gfx_target_version or 0) >= 110000}
@@ -185,9 +182,8 @@ def _print_outcomes(title, outcomes):
 
 def run_resume(args, ctx):
     from ..cwsr.debugtrap import recover
-    ctx.sysfs.require_kfd()                 # "no KFD here" before "not a KFD process"
-    if not (ctx.sysfs.proc / str(args.pid)).is_dir():
-        raise NoSuchProcess(args.pid, "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+    from ..cwsr.holds import forget
+    ctx.require_kfd_process(args.pid)
     kfd = ctx.open_device()
     try:
         t0 = time.perf_counter()
@@ -195,7 +191,6 @@ def run_resume(args, ctx):
         elapsed = time.perf_counter() - t0
     finally:
         kfd.close()
-    from ..cwsr.holds import forget
     forget(args.pid, None if args.all else [o.qid for o in outcomes if o.ok])
     report = {"pid": args.pid, "resumed": count, "resume_s": elapsed,
               "queues": [o.to_dict() for o in outcomes] if outcomes else None,

@@ -41,7 +41,9 @@ class _FittedTable:
         natural = [self._natural(i) for i in range(len(self.columns))]
         least = [min(w, self.WRAPPED_MIN) if c.startswith("~") else w for c, w in zip(self.columns, natural)]
         keep = list(range(len(self.columns)))
-        need = lambda: sum(least[i] + 3 for i in keep) + 1           # noqa: E731  (borders and padding)
+
+        def need():                                  # the narrowest table: cells, borders and padding
+            return sum(least[i] + 3 for i in keep) + 1
         dropped = []
         if not WIDE:
             for i in reversed(range(len(self.columns))):

@@ -56,12 +56,12 @@ def run_list(args, ctx):
 
 
 def _params(items):
+    from ..sim.machine import DEFAULT_PARAMETERS
     params = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--param wants NAME=VALUE, got {item!r}")
-        from ..sim.machine import DEFAULT_PARAMETERS
         if name not in DEFAULT_PARAMETERS:
             raise ValueError(f"unknown amdgpu parameter {name!r}; choose one of: {', '.join(DEFAULT_PARAMETERS)}")
         if isinstance(DEFAULT_PARAMETERS[name], int):

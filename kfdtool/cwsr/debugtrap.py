@@ -15,6 +15,7 @@ from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
+from .holds import debugger_of
 from .mechanisms import Availability, Mechanism, QueueOutcome
 from .memory import memory_for
 
@@ -64,7 +65,6 @@ class DebugTrapSuspend(Mechanism):
                 self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=self.kfd.fd, exception_mask=0,
                                   rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
             except AlreadyDebugged as e:
-                from .holds import debugger_of
                 holder = debugger_of(self.pid)
                 if holder:                         # another kfdtool, not rocgdb: say which
                     raise AlreadyDebugged("DBG_TRAP", e.errno, f"kfdtool pid {holder} already preempts pid "

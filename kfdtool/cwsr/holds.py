@@ -44,9 +44,7 @@ class Hold:
 
     def _write(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record))
-        tmp.replace(self.path)
+        _write_record(self.path, self.record)
 
     def __enter__(self):
         self._write()
@@ -83,9 +81,14 @@ def forget(target_pid, qids=None):
             continue
         # the record stays while its holder lives: it is still the target's debugger
         record["queues"] = [] if qids is None else [q for q in record.get("queues", []) if q not in set(qids)]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        _write_record(path, record)
+
+
+def _write_record(path, record):
+    """Whole or not at all: readers never see half a record."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
 
 
 def holders():
