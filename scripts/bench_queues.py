@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import provenance  # noqa: E402  (next to this script)
 GPUS = 8
 QUEUES_PER_PROC = 8
 STARTUP_IMPORTS = "import kfdtool.cli, kfdtool.cli.queues_cmd, kfdtool.sim.runner, json"
@@ -241,7 +243,9 @@ def main():
         runner.stop(machine)
         if created:
             shutil.rmtree(created, ignore_errors=True)
-    result = {"benchmark": "kfdtool queues --json", "machine": "simulated 8x MI300X (SPX)",
+    recorded = provenance()                # revision, dirty flag, card, CPU count: as every results file
+    recorded["bench_command"] = recorded.pop("command")
+    result = {"benchmark": "kfdtool queues --json", "machine": "simulated 8x MI300X (SPX)", **recorded,
               "command": f"{sys.executable} -m kfdtool --sim mi300x queues --json",
               "target": "<= 0.3 s wall at 1,000 processes x 8 queues",
               "host": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
