@@ -47,9 +47,6 @@ def make(gpu):
         def __call__(self, *args, **kwargs):
             return self.forward(*args, **kwargs)
 
-    class Sequential(Module):
-        pass
-
     class Raising(Module):
         """A leaf whose forward raises after launching its kernel (a failing request)."""
         def forward(self, x):
@@ -65,7 +62,7 @@ def make(gpu):
             gpu.launch(self.name + ".sdpa", self.kernel_s)
             return children[1](x)
 
-    nn.Module, nn.Sequential, nn.Raising, nn.Attention = Module, Sequential, Raising, Attention
+    nn.Module, nn.Raising, nn.Attention = Module, Raising, Attention
     torch.nn = nn
 
     class Event:
@@ -76,9 +73,6 @@ def make(gpu):
             with gpu.lock:
                 gpu.events_recorded += 1
                 self.at = gpu.busy_until
-
-        def elapsed_time(self, later):
-            return (later.at - self.at) * 1e3      # ms, like torch
 
         def query(self):
             return self.at is not None and time.monotonic() >= self.at
