@@ -329,3 +329,29 @@ def test_module_calls_on_the_cpu_record_nothing(torch_fake):
         model(torch, "k", 5, 0.0)(None)
     assert gpu.events_recorded == 0
     lp.close()
+
+
+def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
+    """Threads of one process: the held thread does not poll the board (each poll would take the GIL
+    from the thread serving the latency-critical request); the holder's end of request wakes it."""
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.gate import Gate
+    hp = other_client(xt, priority=10)
+    lp = Gate(xt.TorchRecorder(), priority=0, window_us=None)
+    hp.begin_request()
+    assert hp.board.read_slot(hp.slot)[2] == 1
+    refreshes = []
+    real_refresh = lp._refresh
+    lp._refresh = lambda now: (refreshes.append(now), real_refresh(now))
+    released = []
+    held = threading.Thread(target=lambda: (lp.check(), released.append(time.monotonic())))
+    held.start()
+    time.sleep(0.2)
+    assert not released                          # held while the HP request runs
+    ended = time.monotonic()
+    hp.end_request()                             # its watcher marks it idle once the GPU work completes
+    held.join(2)
+    assert released and released[0] - ended < 0.05
+    assert len(refreshes) < 60                   # woken by timeouts of 5 ms at most, not polling (~2,000)
+    hp.close()
+    lp.close()

@@ -2,13 +2,17 @@
 threads see each other's state, so the hot path is a memory read instead of a round trip.
 
 Each client owns one slot and is its only writer for `active`/`ready_since`; hints are written by
-the client, the daemon or `xsched-lv3 hint` (root or the owner). Every write bumps the slot's
-sequence number, so a reader can tell in one 128-byte comparison whether anything changed.
+the client, the daemon or `xsched-lv3 hint` (root or the owner). Every write then stores a fresh
+random 64-bit generation in the header, so a reader tells whether anything changed by comparing one
+integer (`Board.generation[0]`), which a guarded client does on every module call. A random value
+rather than a counter: two writers racing on an increment could leave the value a reader last saw,
+and the change would go unseen; a fresh value is never the old one (but with odds of 2**-64).
 Slot allocation takes an flock. Slots of dead pids are reclaimed.
 """
 import fcntl
 import mmap
 import os
+import random
 import struct
 import time
 from contextlib import contextmanager
@@ -18,15 +22,15 @@ from kfdtool.pids import alive
 
 from .policy import QueueState
 
-MAGIC = b"XSLV3B02"
+MAGIC = b"XSLV3B03"
 SLOTS = 32
-HEADER = struct.Struct("<8sII")                 # magic, slots, policy generation
+HEADER = struct.Struct("<8sIIQ")                # magic, slots, policy, generation
 SLOT = struct.Struct("<iiIIddddiII")            # pid, priority, active, owner_tid, ready_since,
 #                                                 utilization, deadline_us, laxity_us, crit_prio,
 #                                                 device (a key naming one GPU across processes; 0 =
 #                                                 unknown), reserved
-SEQS_OFFSET = HEADER.size
-SLOTS_OFFSET = SEQS_OFFSET + 4 * SLOTS
+GENERATION_OFFSET = 16
+SLOTS_OFFSET = HEADER.size
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
 NAN = float("nan")
 
@@ -49,7 +53,7 @@ class Board:
                         raise ValueError(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
                     if size < SIZE:
                         os.ftruncate(fd, SIZE)
-                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0), 0)
+                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0), 0)
             self.mm = mmap.mmap(fd, SIZE)
             if self.mm[:8] != MAGIC:
                 self.mm.close()
@@ -58,8 +62,11 @@ class Board:
             os.close(fd)
             raise
         self.fd = fd
+        # the hot path's read: one native int, no bytes object built (see the module's docstring)
+        self.generation = memoryview(self.mm)[GENERATION_OFFSET:GENERATION_OFFSET + 8].cast("Q")
 
     def close(self):
+        self.generation.release()
         self.mm.close()
         os.close(self.fd)
 
@@ -71,30 +78,26 @@ class Board:
                 if owner == 0 or not alive(owner):
                     SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size, pid, priority, 0, tid, NAN,
                                    NAN, NAN, NAN, 0, device, 0)
-                    self._bump(i)
+                    self._changed()
                     return i
         raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
 
     def release(self, slot):
         SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, 0, 0, 0, 0, NAN, NAN, NAN, NAN, 0, 0, 0)
-        self._bump(slot)
+        self._changed()
 
     def read_slot(self, slot):
         return SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size)
 
-    def _bump(self, slot):
-        off = SEQS_OFFSET + 4 * slot
-        seq = int.from_bytes(self.mm[off:off + 4], "little")
-        self.mm[off:off + 4] = ((seq + 1) & 0xFFFFFFFF).to_bytes(4, "little")
-
-    def seqs(self):
-        return self.mm[SEQS_OFFSET:SLOTS_OFFSET]
+    def _changed(self):
+        """Announce a write (after it is complete: a reader that sees the new value sees the data)."""
+        self.generation[0] = random.getrandbits(64)
 
     def set_active(self, slot, active):
         off = SLOTS_OFFSET + slot * SLOT.size
         struct.pack_into("<I", self.mm, off + 8, 1 if active else 0)
         struct.pack_into("<d", self.mm, off + 16, time.monotonic() if active else NAN)
-        self._bump(slot)
+        self._changed()
 
     def set_hint(self, slot, name, value):
         off = SLOTS_OFFSET + slot * SLOT.size
@@ -102,20 +105,19 @@ class Board:
                   "laxity_us": (40, "<d"), "critical_priority": (48, "<i")}
         where, fmt = fields[name]
         struct.pack_into(fmt, self.mm, off + where, value)
-        self._bump(slot)
+        self._changed()
 
     def set_device(self, slot, device):
         """The GPU a client's work runs on, once it is known (a key, see SLOT)."""
         struct.pack_into("<I", self.mm, SLOTS_OFFSET + slot * SLOT.size + 52, device)
-        self._bump(slot)
+        self._changed()
 
     def set_policy(self, name):
         """The policy every gate on this board evaluates (0 = each client's own choice)."""
         from .policy import POLICIES
         index = list(POLICIES).index(name) + 1
         struct.pack_into("<I", self.mm, 12, index)
-        for i in range(SLOTS):
-            self._bump(i)
+        self._changed()
 
     def policy(self):
         from .policy import POLICIES
@@ -135,7 +137,7 @@ class Board:
                     hints[name] = value
             if crit:
                 hints["critical_priority"] = crit
-            out.append(QueueState(i, device, bool(active), since if since == since else None, hints))
+            out.append(QueueState(i, device, bool(active), since if since == since else None, hints, pid))
         return out
 
     def clients(self):

@@ -15,7 +15,9 @@ A gate costs only what its position on the board requires (the fast path is the 
     (one board comparison), and every few leaves it places a sync point that keeps its in-flight GPU
     work within the progressive window, so a higher-priority arrival waits for at most about one
     window of its work (Lv1: launched kernels cannot be stopped).
-The state is re-read whenever the board changes (one comparison of the slots' sequence numbers).
+The state is re-read whenever the board changes. The per-module test is kept to one shared-memory
+integer comparison and one attribute (`may_pass`), inlined in the PyTorch wrapper: a launch-bound
+client makes hundreds of module calls per iteration, and each microsecond there costs it percents.
 """
 import os
 import threading
@@ -26,7 +28,13 @@ from .board import Board
 from .policy import check_hint, make_policy, shares_device
 from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
-POLL_MIN_S, POLL_MAX_S = 20e-6, 200e-6     # held back: poll the board with backoff (GIL-friendly)
+POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
+# Held back only by clients of this same process (threads): they wake us when they write the board
+# (`_LOCAL_WRITES`), so we sleep instead of polling. Polling there is not free: each wake-up takes the
+# GIL from the very thread that is serving the latency-critical request. Still bounded, for writes
+# from other processes (the daemon, `xsched-lv3 hint`).
+LOCAL_WAIT_MAX_S = 5e-3
+_LOCAL_WRITES = threading.Condition()
 # A process's only launching thread spins (yielding the GIL each turn) for the first part of a hold:
 # a sleeping thread on an idle CPU wakes late, and a launch-bound client then runs slowly for a while.
 PROCESS_SPIN_S = 2e-3
@@ -51,7 +59,9 @@ class Gate:
         self.tracking = False
         self.window = None
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
-        self._seqs = None
+        self.board_generation = self.board.generation   # changes with every write to the board
+        self.seen_generation = None                # the generation the mode and decision were read at
+        self.clear_to_run = True                   # guarded, allowed to run, and no policy timer pending
         self._may_run = True
         self._wake_at = None
         self._requests = 0
@@ -65,6 +75,8 @@ class Gate:
         self._lock = threading.Lock()              # request bookkeeping (launching threads, watcher)
         self._window_lock = threading.Lock()
         self._open = 0                             # requests begun and not yet ended (all threads)
+        self._pid = os.getpid()
+        self._others_here = False                  # every other active client is in this process
         self._last_reap = time.monotonic()
         self._watch = deque()
         self._watch_cv = threading.Condition()
@@ -83,8 +95,9 @@ class Gate:
         board_policy = board.policy()               # set by the daemon: it wins over our own
         if board_policy and board_policy != self.policy.name:
             self.policy = make_policy(board_policy)
-        self._seqs = board.seqs()                   # before the states: a write during the read shows next time
+        self.seen_generation = self.board_generation[0]   # before the states: a write during the read shows next time
         states = board.states()
+        self._others_here = all(q.pid == self._pid for q in states if q.ready and q.id != self.slot)
         me = next((q for q in states if q.id == self.slot), None)
         if me is None:                              # our slot was released under us (a daemon restart)
             self.slot = None
@@ -102,6 +115,7 @@ class Gate:
             self._wake_at = decision.wake_at
         else:
             self._may_run, self._wake_at = True, None
+        self.clear_to_run = self._may_run and self._wake_at is None
 
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:
@@ -131,7 +145,7 @@ class Gate:
         if now - self._last_reap > REAP_IDLE_EVERY_S:
             self._last_reap = now
             self.board.reap()                      # a dead client must not keep us guarded
-        if self._seqs != self.board.seqs():
+        if self.seen_generation != self.board_generation[0]:
             self._refresh(now)
         if self.tracking and self.device:          # no GPU in use yet: nothing to wait for
             with self._lock:
@@ -164,6 +178,8 @@ class Gate:
         slot = self.slot
         if slot is not None:
             self.board.set_active(slot, active)
+        with _LOCAL_WRITES:
+            _LOCAL_WRITES.notify_all()             # threads of this process held back by us
 
     def _idle_watcher(self):
         while True:
@@ -181,18 +197,22 @@ class Gate:
 
     # --- per module call, while guarded ------------------------------------------------------------------
     def check(self):
-        """Before a module's work and after a leaf's: hold here while the policy says so."""
-        if self._seqs != self.board.seqs() or (self._wake_at is not None and time.monotonic() >= self._wake_at):
-            self._refresh(time.monotonic())
+        """Before a module's work and after a leaf's: hold here while the policy says so. Callers on
+        the hot path first test `board_generation[0] != seen_generation or not clear_to_run`, and call
+        this only when that holds (the same test opens this method)."""
+        now = time.monotonic()
+        if self.seen_generation != self.board_generation[0] or (self._wake_at is not None and now >= self._wake_at):
+            self._refresh(now)
         if not self._may_run and self.guarded:
-            self._wait_turn(time.monotonic())
+            self._wait_turn(now)
 
     def after_leaf(self):
         """A leaf module launched its work: every `_per_sync` leaves, a sync point and the window."""
         self._leaves += 1
         if self._leaves >= self._per_sync:
             self._sync_point()
-        self.check()                               # kernels a parent launches after this child are gated too
+        if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
+            self.check()                           # kernels a parent launches after this child are gated too
 
     def _sync_point(self):
         window, recorder = self.window, self.recorder
@@ -216,8 +236,15 @@ class Gate:
         poll = POLL_MIN_S
         spin_until = start + self.spin_s
         while not self._may_run and self.guarded:
-            if time.monotonic() < spin_until:
+            now = time.monotonic()
+            if now < spin_until:
                 time.sleep(0)                     # stay runnable: an idle vCPU is slow to wake
+            elif self._others_here:
+                with _LOCAL_WRITES:               # a write between our read and this wait is seen here
+                    if self.seen_generation == self.board_generation[0]:
+                        timeout = LOCAL_WAIT_MAX_S if self._wake_at is None else \
+                            min(LOCAL_WAIT_MAX_S, max(0.0, self._wake_at - now))
+                        _LOCAL_WRITES.wait(timeout)
             else:
                 time.sleep(poll)
                 poll = min(POLL_MAX_S, poll * 2)
@@ -246,6 +273,8 @@ class Gate:
             slot, self.slot = self.slot, None
         if slot is not None:
             self.board.release(slot)
+            with _LOCAL_WRITES:
+                _LOCAL_WRITES.notify_all()
         with self._watch_cv:
             self._watch.append(None)               # stops the watcher
             self._watch_cv.notify()

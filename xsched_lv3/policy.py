@@ -20,6 +20,7 @@ class QueueState:
     ready: bool = False                   # has work (buffered, in flight, or a request in progress)
     ready_since: float | None = None      # when it became ready (deadlines count from here)
     hints: dict = field(default_factory=dict)   # priority, utilization, deadline_us, laxity_us, ...
+    pid: int = 0                          # the process it belongs to, where known (0: not known)
 
 
 @dataclass

@@ -84,7 +84,8 @@ def install():
         if gate is not None:                # a nested module call, the common case: kept short
             if not gate.guarded:
                 return original(module, *args, **kwargs)
-            gate.check()                    # only while a higher-priority client shares the GPU
+            if gate.board_generation[0] != gate.seen_generation or not gate.clear_to_run:
+                gate.check()                # only while a higher-priority client shares the GPU
             out = original(module, *args, **kwargs)
             if gate.guarded and not module._modules:
                 gate.after_leaf()
