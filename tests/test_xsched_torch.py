@@ -321,6 +321,19 @@ def test_closing_clients_leaves_no_threads(torch_fake):
     lp.close()
 
 
+def test_close_waits_for_the_watcher_inside_a_gpu_wait(torch_fake):
+    """A scheduled process exiting right after a request: its watcher, waiting on that request's GPU
+    work, must be finished before the interpreter finalizes (a daemon thread returning from a CUDA
+    wait then aborts the process)."""
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10) as gate:
+        model(torch, "slow", 1, 0.3)(None)      # 0.3 s of GPU work still running at close
+        watcher = gate._watcher
+    assert watcher is not None and not watcher.is_alive()
+    lp.close()
+
+
 def test_module_calls_on_the_cpu_record_nothing(torch_fake):
     torch, gpu, xt = torch_fake
     gpu.initialized = False                     # this process has not used a GPU

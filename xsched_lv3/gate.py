@@ -40,6 +40,7 @@ _LOCAL_WRITES = threading.Condition()
 PROCESS_SPIN_S = 2e-3
 REAP_EVERY_S = 0.05                        # held: look for dead clients this often
 REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at most this often
+WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
 
 
 class Gate:
@@ -278,3 +279,9 @@ class Gate:
         with self._watch_cv:
             self._watch.append(None)               # stops the watcher
             self._watch_cv.notify()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            # Wait for it: a daemon thread still inside a GPU wait when the interpreter finalizes is
+            # killed as it takes the GIL back, and a C++ runtime aborts the process on that ("terminate
+            # called without an active exception": seen at exit of a scheduled HP process).
+            watcher.join(WATCHER_JOIN_S)
