@@ -1,8 +1,18 @@
-"""The one I/O seam: `KfdDevice` owns a /dev/kfd fd (or a simulated one) and performs ioctls.
+"""The one I/O seam: `KfdDevice` performs KFD ioctls through a backend object and knows nothing
+else about where they go.
 
-    >>> with KfdDevice.open() as kfd:                  # real /dev/kfd
+    >>> with KfdDevice.open() as kfd:                  # the real /dev/kfd (an OsBackend)
     ...     print(kfd.abi)                              # 1.17 (from GET_VERSION)
-    >>> kfd = KfdDevice.open(sim="mi308x")              # the running simulated MI308X
+    >>> kfd = KfdDevice(backend)                        # any other backend, e.g. the one a
+    ...                                                 # simulated machine hands out (`--sim`)
+
+A backend is any object with
+    fd                          the descriptor user space would pass on (DBG_TRAP ENABLE's dbg_fd)
+    ioctl(request, arg)         like fcntl.ioctl(fd, request, arg, True): fills `arg` in place,
+                                returns the ioctl's value, raises OSError with the kernel's errno
+    read_memory(pid, addr, n)   n bytes of process `pid`'s memory at `addr`, or None if unreadable
+                                (the CWSR header the kernel writes into a suspended queue's area)
+    close()
 
 Opening registers the caller as a KFD process until it exits (the kernel keeps the kfd_process
 until the mm goes away), so read-only tools never get here.
@@ -22,6 +32,8 @@ _EAGAIN_IS_ANSWER = {("DBG_TRAP", "QUERY_DEBUG_EVENT")}
 
 
 class OsBackend:
+    """/dev/kfd and /proc/<pid>/mem of this host."""
+
     def __init__(self, path="/dev/kfd"):
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -33,6 +45,20 @@ class OsBackend:
 
     def ioctl(self, request, arg):
         return fcntl.ioctl(self.fd, request, arg, True)
+
+    def read_memory(self, pid, addr, length):
+        """/proc/<pid>/mem: needs ptrace access to `pid` (we hold it while debugging it)."""
+        try:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, length, addr)
+        except (OSError, OverflowError):
+            return None
+        finally:
+            os.close(fd)
+        return data if len(data) == length else None
 
     def close(self):
         os.close(self.fd)
@@ -49,10 +75,8 @@ class KfdDevice:
         self.abi = KfdAbi(version.minor_version)
 
     @classmethod
-    def open(cls, path="/dev/kfd", sim=None):
-        if sim is not None:
-            from .sim import runner
-            return cls(runner.machine(sim).open_kfd())
+    def open(cls, path="/dev/kfd"):
+        """The host's KFD device node."""
         return cls(OsBackend(path))
 
     @property
@@ -67,6 +91,10 @@ class KfdDevice:
 
     def __exit__(self, *exc):
         self.close()
+
+    def read_memory(self, pid, addr, length):
+        """`length` bytes of `pid`'s memory at `addr`, or None where they cannot be read."""
+        return self.backend.read_memory(pid, addr, length)
 
     def supports(self, name):
         return self.abi.supports(name)
@@ -100,12 +128,29 @@ class KfdDevice:
             raise ioctl_error(name, e.errno) from None
 
     def dbg_trap(self, op, pid, member=None, **fields):
-        """DBG_TRAP `op` (e.g. "SUSPEND_QUEUES") on `pid`, filling the union member's fields."""
+        """DBG_TRAP `op` (e.g. "SUSPEND_QUEUES") on `pid`, filling the union member's fields.
+        A misspelt op, member or field is refused before anything reaches the kernel: a field
+        silently left zero would change what the ioctl does."""
         arg = s.kfd_ioctl_dbg_trap_args()
+        try:
+            arg.op = c.kfd_dbg_trap_operations[f"KFD_IOC_DBG_TRAP_{op}"]
+        except KeyError:
+            raise ValueError(f"DBG_TRAP has no operation {op!r}") from None
         arg.pid = pid
-        arg.op = c.kfd_dbg_trap_operations[f"KFD_IOC_DBG_TRAP_{op}"]
-        if member:
+        if member is None:
+            if fields:
+                raise TypeError(f"DBG_TRAP {op}: fields {', '.join(sorted(fields))} given without a union member")
+        else:
+            members = [f[0] for f in type(arg._u)._fields_]
+            if member not in members:
+                raise ValueError(f"DBG_TRAP {op}: the argument union has no member {member!r} "
+                                 f"(members: {', '.join(members)})")
             target = getattr(arg, member)
+            known = [f[0] for f in target._fields_]
+            unknown = sorted(set(fields) - set(known))
+            if unknown:
+                raise TypeError(f"DBG_TRAP {op}: {type(target).__name__} has no field {unknown[0]!r} "
+                                f"(fields: {', '.join(known)})")
             for key, value in fields.items():
                 setattr(target, key, value)
         ret = self.ioctl("DBG_TRAP", arg)

@@ -51,8 +51,8 @@ def ipc_overhead(kfd, n=300):
 
 
 def bench_machine(machine_name, rounds):
-    from kfdtool.cwsr.sizing import cwsr_sizes
     from kfdtool.sim import runner, timing
+    from kfdtool.sim.cwsr import node_cwsr
     from kfdtool.sim.workload import FakeRuntime
     sim = runner.start(machine_name, realtime=True)
     kfd = KfdDevice(sim.open_kfd())
@@ -68,7 +68,7 @@ def bench_machine(machine_name, rounds):
     try:
         waves_max = timing.max_waves(gpu)
         bandwidth = timing.bandwidth(gpu)
-        per_wave = timing.bytes_per_wave(gpu, cwsr_sizes(gpu.props))
+        per_wave = timing.bytes_per_wave(gpu, node_cwsr(gpu.props))   # the model's own sizes
         mechanisms = {
             "debug-trap": DebugTrapSuspend(kfd, os.getpid(), read_wave_state=False),
             "update-queue": UpdateQueueSuspend(kfd, [OwnQueue(qid, rt.queues[qid]["ring_base"],
@@ -84,10 +84,7 @@ def bench_machine(machine_name, rounds):
                     sus, res, modelled = [], [], []
                     for _ in range(rounds):
                         t = time.perf_counter()
-                        if name == "debug-trap":
-                            mech.suspend([qid], grace_period=grace)
-                        else:
-                            mech.suspend([qid])
+                        mech.suspend([qid], grace)
                         sus.append(time.perf_counter() - t)
                         modelled.append(ctl("last_cost"))
                         t = time.perf_counter()

@@ -50,14 +50,15 @@ def test_suspend_no_progress_resume_progress_cross_process(sim, victim):
     try:
         with DebugTrapSuspend(kfd, victim) as mech:
             assert ptrace.tracer_of(victim) == 0          # attached only for ENABLE
-            outcomes = mech.suspend(grace_period=10)
-            assert [o.outcome for o in outcomes] == ["suspended"] * 3
+            result = mech.suspend(grace_period=10)
+            outcomes = result.outcomes
+            assert [o.outcome for o in outcomes] == ["suspended"] * 3 and result.notes == []   # gfx942: HWS
             assert all(o.save_area_bytes > 0 and o.ctl_stack_bytes > 0 for o in outcomes)
             assert not any(q["active"] for q in states(sim, victim).values())
             p1 = progress(sim, victim)
             time.sleep(0.1)
             assert progress(sim, victim) == p1           # no progress while suspended
-            assert all(o.outcome == "resumed" for o in mech.resume())
+            assert all(o.outcome == "resumed" for o in mech.resume().outcomes)
             time.sleep(0.1)
             p2 = progress(sim, victim)
             assert all(p2[q] > p1[q] for q in p1)         # progress again
@@ -73,8 +74,8 @@ def test_thousand_rounds_lose_nothing(sim):
         cl.ctl("set_waves", pid=os.getpid(), waves=100)
         with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
             for _ in range(1000):
-                assert all(o.outcome == "suspended" for o in mech.suspend(qids))
-                assert all(o.outcome == "resumed" for o in mech.resume())
+                assert all(o.outcome == "suspended" for o in mech.suspend(qids).outcomes)
+                assert all(o.outcome == "resumed" for o in mech.resume().outcomes)
             snapshot = {e.queue_id: e for e in mech.queues()}
         final = cl.queues()
         assert all(final[q]["active"] and not final[q]["suspended"] for q in qids)
@@ -219,9 +220,11 @@ def test_probe_reports_every_mechanism(sim, victim):
     by_name = {m["mechanism"]: m for m in probe["mechanisms"]}
     assert by_name["debug-trap"]["available"]
     assert not by_name["update-queue"]["available"] and "per process" in by_name["update-queue"]["why"]
-    assert not by_name["patched-preempt-queue"]["available"]
-    assert "no such ioctl" in by_name["patched-preempt-queue"]["why"]
+    for patched in ("patched-preempt-queue", "patched-gpreempt"):     # their ioctls take no pid
+        assert not by_name[patched]["available"] and "cannot preempt another process" in by_name[patched]["why"]
     assert probe["kfd_abi"] == "1.23" and probe["gpus"][0]["scheduler"] == "HWS"
+    own = json.loads(run_cli("--sim", MACHINE, "cwsr", "--probe", "--json").stdout)    # no target: probed
+    assert "no such ioctl" in {m["mechanism"]: m for m in own["mechanisms"]}["patched-preempt-queue"]["why"]
 
 
 def test_update_queue_mechanism_on_own_queues(sim):
@@ -232,7 +235,7 @@ def test_update_queue_mechanism_on_own_queues(sim):
         mech = UpdateQueueSuspend.from_snapshot(cl.kfd)
         assert mech.queues[qid].ring_base == cl.rt.queues[qid]["ring_base"]     # resupplied from the snapshot
         with mech:
-            (outcome,) = mech.suspend([qid])
+            (outcome,) = mech.suspend([qid]).outcomes
             assert outcome.outcome == "suspended" and outcome.save_area_bytes > 0
             assert not cl.queues()[qid]["active"] and cl.queues()[qid]["percent"] == 0
         assert cl.queues()[qid]["active"] and cl.queues()[qid]["percent"] == 100     # close() resumed
@@ -254,7 +257,7 @@ def test_patched_ioctls_are_opt_in_and_probed(sim, sim_dir):
     try:
         qid = cl.rt.create_queue(cl.gpus[3])
         with PatchedIoctlSuspend(cl.kfd) as mech:
-            assert [o.outcome for o in mech.suspend([qid])] == ["suspended"]
+            assert [o.outcome for o in mech.suspend([qid]).outcomes] == ["suspended"]
             assert not cl.queues()[qid]["active"]
         assert cl.queues()[qid]["active"]
     finally:
@@ -263,9 +266,8 @@ def test_patched_ioctls_are_opt_in_and_probed(sim, sim_dir):
 
 
 def test_grace_period_rules():
-    assert check_grace_period(None) == (0, None)
-    assert check_grace_period(255) == (255, None)
-    assert "ignores" in check_grace_period(10, uses_mes=True)[1]
+    assert check_grace_period(None) == 0
+    assert check_grace_period(255) == 255
     with pytest.raises(ValueError, match="8-bit"):
         check_grace_period(256)
     with pytest.raises(ValueError):
@@ -326,7 +328,7 @@ def test_works_as_the_targets_ptrace_parent(sim, victim):
     try:
         with DebugTrapSuspend(kfd, victim) as mech:
             assert ptrace.tracer_of(victim) == os.getpid()
-            assert [o.outcome for o in mech.suspend([0])] == ["suspended"]
+            assert [o.outcome for o in mech.suspend([0]).outcomes] == ["suspended"]
         assert all(q["active"] for q in states(sim, victim).values())
     finally:
         kfd.close()

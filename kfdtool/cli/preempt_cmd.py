@@ -1,7 +1,6 @@
 """kfdtool preempt / resume: suspend a process's GPU queues (waves saved to the CWSR area) and
 resume them, never leaving them stuck."""
 import argparse
-import os
 import re
 import signal
 import sys
@@ -31,6 +30,10 @@ RESUME_EXAMPLES = """examples:
   kfdtool resume --pid 1234 --queue 0
 """
 _UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0}
+MECHANISMS = ("debug-trap",)
+# Opt-in ioctls of patched kernels (kfdtool.cwsr.patched): their argument carries no pid, so they act
+# on the caller's own queues only, and `preempt` always targets another process.
+IN_PROCESS_ONLY = ("patched-preempt-queue", "patched-gpreempt")
 
 
 # Longer than any hold an admin means, and short enough for time.sleep (an OverflowError after the
@@ -52,6 +55,17 @@ def parse_duration(text):
     return seconds
 
 
+def preempt_mechanism(text):
+    """--mechanism: refused at parse time, before anything is opened or suspended."""
+    if text in MECHANISMS:
+        return text
+    if text in IN_PROCESS_ONLY:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not offered by `kfdtool preempt`: the patched 0x87/0x88 ioctls (in no upstream kernel) "
+            f"act only on the calling process's own queues; use debug-trap")
+    raise argparse.ArgumentTypeError(f"unknown mechanism {text!r} (choose from {', '.join(MECHANISMS)})")
+
+
 def add_parser(sub):
     p = sub.add_parser("preempt", help=PREEMPT_HELP, description=PREEMPT_HELP, epilog=PREEMPT_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,8 +74,8 @@ def add_parser(sub):
     p.add_argument("--gpu", type=positive_int, action="append", help="only queues on this gpu_id (repeatable)")
     p.add_argument("--grace", type=grace_period, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
     p.add_argument("--for", dest="duration", type=parse_duration, help="resume after DURATION (e.g. 500ms)")
-    p.add_argument("--mechanism", choices=["debug-trap", "patched-preempt-queue"], default="debug-trap",
-                   help="patched-preempt-queue: the non-upstream 0x87/0x88 ioctls of patched kernels (opt-in)")
+    p.add_argument("--mechanism", type=preempt_mechanism, default="debug-trap", metavar="{debug-trap}",
+                   help="how to preempt (the patched-kernel ioctls serve only in-process callers, not this command)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_preempt)
     r = sub.add_parser("resume", help=RESUME_HELP, description=RESUME_HELP, epilog=RESUME_EXAMPLES,
@@ -101,12 +115,8 @@ def _select(entries, args):
 def run_preempt(args, ctx):
     from ..cwsr.debugtrap import DebugTrapSuspend
     from ..cwsr.holds import Hold, ensure_run_dir
-    from ..cwsr.patched import PatchedIoctlSuspend
-    from ..topology import read_topology
     ctx.require_kfd_process(args.pid)
     ensure_run_dir()                        # where the hold is recorded: refuse now, not after suspending
-    topo = read_topology(ctx.sysfs)
-    mes = {n.gpu_id for n in topo.for_each_gpu() if (n.gfx_target_version or 0) >= 110000}
     # From here to the last line a signal means "resume and exit 128+N": while opening the device
     # and working it raises _Stop; during the cleanup it is noted and the cleanup finishes first.
     stopped = []
@@ -115,37 +125,31 @@ def run_preempt(args, ctx):
     report = {"pid": args.pid, "mechanism": args.mechanism, "grace_period": args.grace}
     try:
         kfd = ctx.open_device()
-        if args.mechanism == "debug-trap":
-            mech = DebugTrapSuspend(kfd, args.pid)
-            entries = mech.queues()
-            qids = _select(entries, args)
-            uses_mes = any(e.gpu_id in mes for e in entries if e.queue_id in qids)
-        else:
-            if args.pid != os.getpid():
-                raise ValueError("the patched ioctls act on the caller's own queues; they cannot target another pid")
-            mech = PatchedIoctlSuspend(kfd, "preempt-queue")
-            qids, uses_mes = list(args.queue or []), False
+        mech = DebugTrapSuspend(kfd, args.pid)
+        qids = _select(mech.queues(), args)
         if not qids:
             raise ValueError(f"pid {args.pid} has no queues to preempt" + (" on those GPUs" if args.gpu else ""))
         t0 = time.perf_counter()
-        outcomes = mech.suspend(qids, args.grace, uses_mes) if args.mechanism == "debug-trap" else mech.suspend(qids)
+        suspended = mech.suspend(qids, args.grace)
         report["suspend_s"] = time.perf_counter() - t0
-        report["suspend"] = [o.to_dict() for o in outcomes]
-        if uses_mes and args.grace is not None:
-            report["note"] = "the MES scheduler (gfx11+) ignores the grace period"
+        report["suspend"] = [o.to_dict() for o in suspended.outcomes]
+        report["notes"] = list(suspended.notes)
         with Hold(args.pid, mech.suspended(), mech.name):
             if not args.json:
-                _print_outcomes(f"suspended pid {args.pid} in {report['suspend_s'] * 1e3:.2f} ms", outcomes)
+                _print_outcomes(f"suspended pid {args.pid} in {report['suspend_s'] * 1e3:.2f} ms",
+                                suspended.outcomes, suspended.notes)
             _hold(args, mech)
             t0 = time.perf_counter()
             resumed = mech.resume()
             report["resume_s"] = time.perf_counter() - t0
-            report["resume"] = [o.to_dict() for o in resumed]
+            report["resume"] = [o.to_dict() for o in resumed.outcomes]
+            report["notes"] += resumed.notes
             report["held_s"] = args.duration
         if args.json:
             print_json(report)
         else:
-            console().print(f"resumed {sum(o.ok for o in resumed)} queues in {report['resume_s'] * 1e3:.2f} ms")
+            console().print(f"resumed {sum(o.ok for o in resumed.outcomes)} queues in "
+                            f"{report['resume_s'] * 1e3:.2f} ms")
     except _Stop as stop:
         print(f"kfdtool: {stop}: {'resuming' if mech is not None else 'stopping'}", file=sys.stderr)
         stopped.append(stop.signum)
@@ -174,10 +178,13 @@ def _hold(args, mech):
     threading.Event().wait()         # until a signal raises _Stop
 
 
-def _print_outcomes(title, outcomes):
+def _print_outcomes(title, outcomes, notes=()):
     rows = [(o.qid, o.gpu_id, o.outcome, o.ctl_stack_bytes, human_bytes(o.save_area_bytes), o.detail)
             for o in outcomes]
-    console().print(table(title, [">QID", ">GPU_ID", "OUTCOME", "->CTL STACK B", "->SAVED WAVES", "~DETAIL"], rows))
+    out = console()
+    out.print(table(title, [">QID", ">GPU_ID", "OUTCOME", "->CTL STACK B", "->SAVED WAVES", "~DETAIL"], rows))
+    for note in notes:
+        out.print(f"note: {note}")
 
 
 def run_resume(args, ctx):

@@ -16,29 +16,29 @@ from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
 from .holds import debugger_of
-from .mechanisms import Availability, Mechanism, QueueOutcome
-from .memory import memory_for
+from .mechanisms import Availability, Mechanism, MechanismResult, QueueOutcome
 
 NEW_MASK = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
 ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
 WAVE_STATE = s.kfd_context_save_area_header_wave_state      # the 16 bytes get_wave_state writes
 MAX_GRACE = 0xFF           # CP_IQ_WAIT_TIME2.SCH_WAVE is 8 bits wide
+DEVICE_ENTRIES = 64        # MAX_GPU_INSTANCE: no process has more devices
+FIRST_MES_GFX = 110000     # gfx11+: queues are scheduled by MES firmware, not HWS runlists
+MES_IGNORES_GRACE = "the MES scheduler (gfx11+) ignores the grace period"
 
 
-def check_grace_period(grace_period, uses_mes=False):
+def check_grace_period(grace_period):
     """The grace period in 1K-GPU-clock units that the hardware honours: 1..255 under HWS
     (0 is forced to 1 by the driver, wider values are masked to 8 bits; a multiple of 256 would
-    mean 'infinite'). MES (gfx11+) ignores it. Returns (value to pass, note or None)."""
+    mean 'infinite'). Returns the value to pass (0, the driver's default, for None)."""
     if grace_period is None:
-        return 0, None
+        return 0
     if not isinstance(grace_period, int) or grace_period < 0:
         raise ValueError(f"grace period must be an integer >= 0 (units of 1K GPU clocks), got {grace_period!r}")
     if grace_period > MAX_GRACE:
         raise ValueError(f"grace period {grace_period} does not fit the 8-bit SCH_WAVE field (max {MAX_GRACE}); "
                          f"the driver would use {grace_period & 0xFF}")
-    if uses_mes:
-        return grace_period, "the MES scheduler (gfx11+) ignores the grace period"
-    return grace_period, None
+    return grace_period
 
 
 class DebugTrapSuspend(Mechanism):
@@ -49,7 +49,7 @@ class DebugTrapSuspend(Mechanism):
         self.kfd, self.pid = kfd, pid
         self.read_wave_state = read_wave_state
         self._entries = {}                 # last snapshot: qid -> kfd_queue_snapshot_entry
-        self.memory = memory_for(kfd, pid)
+        self._mes_gpus = None              # gpu_ids whose scheduler is MES, asked of the kernel once
         self.runtime_state = None
         self._enabled = False
         if not kfd.supports("DBG_TRAP"):
@@ -91,16 +91,32 @@ class DebugTrapSuspend(Mechanism):
                 return entries
             count = args.queue_snapshot.num_queues
 
-    def suspend(self, qids=None, grace_period=None, uses_mes=False):
+    def mes_gpus(self):
+        """gpu_ids of the target's devices that MES schedules, from the kernel's device snapshot
+        (gfx_target_version per device)."""
+        if self._mes_gpus is None:
+            layout = self.kfd.abi.layout("kfd_dbg_device_info_entry")
+            buf = (layout * DEVICE_ENTRIES)()
+            _, args = self.kfd.dbg_trap("GET_DEVICE_SNAPSHOT", self.pid, "device_snapshot", exception_mask=0,
+                                        snapshot_buf_ptr=ctypes.addressof(buf), num_devices=DEVICE_ENTRIES,
+                                        entry_size=ctypes.sizeof(layout))
+            count = min(args.device_snapshot.num_devices, DEVICE_ENTRIES)
+            self._mes_gpus = {d.gpu_id for d in buf[:count] if d.gfx_target_version >= FIRST_MES_GFX}
+        return self._mes_gpus
+
+    def suspend(self, qids=None, grace_period=None):
         """One SUSPEND_QUEUES ioctl on the hot path. The snapshot (which also clears EC_QUEUE_NEW)
         is refreshed only when a queue is unknown to it, or the kernel calls one still new."""
-        grace, _ = check_grace_period(grace_period, uses_mes)
+        grace = check_grace_period(grace_period)
         if qids is None or not self._entries or any(q not in self._entries for q in qids):
             self.queues()
         entries = self._entries
         qids = list(entries) if qids is None else list(qids)
         if not qids:
-            return []
+            return MechanismResult()
+        notes = []
+        if grace_period is not None and self.mes_gpus() & {entries[q].gpu_id for q in qids if q in entries}:
+            notes.append(MES_IGNORES_GRACE)
         before = set(self._held)
         arr = self._suspend_ioctl(qids, grace)
         if any(st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries for q, st in zip(qids, arr)):
@@ -128,7 +144,7 @@ class DebugTrapSuspend(Mechanism):
                         c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
                     outcome.ctl_stack_bytes, outcome.save_area_bytes = self._wave_state(entry)
                 outcomes.append(outcome)
-        return outcomes
+        return MechanismResult(outcomes, notes)
 
     def _suspend_ioctl(self, qids, grace):
         arr = (ctypes.c_uint32 * len(qids))(*qids)
@@ -141,7 +157,7 @@ class DebugTrapSuspend(Mechanism):
         of saved wave state (XCC 0's, as GET_QUEUE_WAVE_STATE reports)."""
         if not entry.ctx_save_restore_address:
             return None, None
-        raw = self.memory.read(entry.ctx_save_restore_address, ctypes.sizeof(WAVE_STATE))
+        raw = self.kfd.read_memory(self.pid, entry.ctx_save_restore_address, ctypes.sizeof(WAVE_STATE))
         if raw is None:
             return None, None
         header = WAVE_STATE.from_buffer_copy(raw)
@@ -150,7 +166,7 @@ class DebugTrapSuspend(Mechanism):
     def resume(self, qids=None):
         qids = sorted(self._held) if qids is None else list(qids)
         if not qids:
-            return []
+            return MechanismResult()
         arr = (ctypes.c_uint32 * len(qids))(*qids)
         self.kfd.dbg_trap("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
                           num_queues=len(qids))
@@ -164,7 +180,7 @@ class DebugTrapSuspend(Mechanism):
             else:
                 self._held.discard(qid)
                 outcomes.append(QueueOutcome(qid, "resumed"))
-        return outcomes
+        return MechanismResult(outcomes)
 
     def resume_all(self):
         """RESUME_QUEUES with a NULL array: every queue of the target. Returns the count."""
@@ -229,7 +245,7 @@ def recover(kfd, pid, qids=None):
                 count = mech.resume_all()
                 outcomes = None
             else:
-                outcomes = mech.resume(qids)
+                outcomes = mech.resume(qids).outcomes
                 count = sum(o.ok for o in outcomes)
         finally:
             if own:

@@ -1,7 +1,8 @@
 """One interface over every way to preempt GPU queues.
 
     mech = DebugTrapSuspend(kfd, pid)            # or UpdateQueueSuspend / PatchedIoctlSuspend
-    outcomes = mech.suspend([0, 1], grace_period=100)
+    result = mech.suspend([0, 1], grace_period=100)
+    result.outcomes, result.notes                # per queue; what the caller should know
     ...
     mech.resume([0, 1])
     mech.close()                                 # always: it resumes whatever is still suspended
@@ -38,6 +39,22 @@ class QueueOutcome:
         return asdict(self)
 
 
+@dataclass
+class MechanismResult:
+    """What one suspend or resume did: an outcome per queue, and notes such as "the MES scheduler
+    ignores the grace period" that hold for the whole call."""
+    outcomes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return all(o.ok for o in self.outcomes)
+
+    @property
+    def failed(self):
+        return [o for o in self.outcomes if not o.ok]
+
+
 class Mechanism(ABC):
     """Suspend/resume a set of queues of one target process."""
     name = "abstract"
@@ -47,11 +64,13 @@ class Mechanism(ABC):
 
     @abstractmethod
     def suspend(self, qids=None, grace_period=None):
-        """Suspend `qids` (None: all); returns [QueueOutcome]."""
+        """Suspend `qids` (None: all), letting running waves finish for `grace_period` (units of
+        1K GPU clocks; None: the driver's default) where the mechanism has one, and saying so in
+        the notes where it has none. Returns a MechanismResult."""
 
     @abstractmethod
     def resume(self, qids=None):
-        """Resume `qids` (None: every queue we hold); returns [QueueOutcome]."""
+        """Resume `qids` (None: every queue we hold). Returns a MechanismResult."""
 
     @abstractmethod
     def close(self):

@@ -6,17 +6,19 @@
 * "gpreempt": GPreempt's (ATC'25) suspend/resume through 'K' 0x88 with suspend-queues arguments
   plus a type word (0 suspend, 1 resume). Its kernel side is unpublished: layout UNVERIFIED.
 
-Both operate on the caller's own queue ids (as the patches describe), and are probed with an
-invalid queue id first: ENOTTY means "this kernel has no such ioctl".
+Both operate on the caller's own queue ids (as the patches describe: the argument carries no pid),
+so they serve only the process that owns the queues, never `kfdtool preempt --pid`. They are probed
+with an invalid queue id first: ENOTTY means "this kernel has no such ioctl".
 """
 import ctypes
 import errno
+import os
 
 import ioctl_opt
 
 from ..errors import KfdIoctlError, NotSupported
 from ..ioctls.structs import KfdStruct, u32
-from .mechanisms import Availability, Mechanism, QueueOutcome
+from .mechanisms import Availability, Mechanism, MechanismResult, QueueOutcome
 
 PREEMPT_DRAIN, PREEMPT_RESET, PREEMPT_SAVE = 0, 1, 2
 PROBE_QUEUE_ID = 0xFFFFFFFF
@@ -35,6 +37,9 @@ AMDKFD_IOC_PREEMPT_QUEUE = ioctl_opt.IOWR(ord("K"), 0x87, kfd_ioctl_preempt_queu
 AMDKFD_IOC_RESUME_QUEUE = ioctl_opt.IOWR(ord("K"), 0x88, kfd_ioctl_preempt_queue_args)
 GPREEMPT_IOC_SUSPEND_RESUME = ioctl_opt.IOWR(ord("K"), 0x88, gpreempt_suspend_queues_args)
 VARIANTS = ("preempt-queue", "gpreempt")
+NO_GRACE = "the patched ioctls take a timeout, not a grace period: the requested one was not applied"
+OWN_QUEUES_ONLY = ("acts only on the calling process's own queues (the patched ioctl's argument has no pid), "
+                   "so it cannot preempt another process")
 
 
 def probe(kfd, variant):
@@ -86,17 +91,19 @@ class PatchedIoctlSuspend(Mechanism):
     def suspend(self, qids=None, grace_period=None):
         if qids is None:
             raise ValueError("the patched ioctls need explicit queue ids")
-        return self._each(qids, resume=False)
+        return MechanismResult(self._each(qids, resume=False), [] if grace_period is None else [NO_GRACE])
 
     def resume(self, qids=None):
-        return self._each(sorted(self._held) if qids is None else qids, resume=True)
+        return MechanismResult(self._each(sorted(self._held) if qids is None else qids, resume=True))
 
     def close(self):
         if self._held:
             self.resume()
 
 
-def availability(kfd, variant):
+def availability(kfd, variant, target_pid=None):
+    if target_pid is not None and target_pid != os.getpid():
+        return Availability(f"patched-{variant}", False, OWN_QUEUES_ONLY)
     if kfd is None:
         return Availability(f"patched-{variant}", False, "not probed (needs /dev/kfd)")
     if probe(kfd, variant):

@@ -46,7 +46,7 @@ def probe(ctx, target_pid=None, open_device=True):
                 found.available, found.why = False, not_kfd
             report["mechanisms"].append(found.to_dict())
         for variant in patched.VARIANTS:
-            report["mechanisms"].append(patched.availability(kfd, variant).to_dict())
+            report["mechanisms"].append(patched.availability(kfd, variant, target_pid).to_dict())
     finally:
         if kfd is not None:
             kfd.close()

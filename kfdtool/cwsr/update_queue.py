@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from ..errors import KfdIoctlError
 from ..ioctls import constants as c
 from ..ioctls import structs as s
-from .mechanisms import Availability, Mechanism, QueueOutcome
+from .mechanisms import Availability, Mechanism, MechanismResult, QueueOutcome
+
+NO_GRACE = "UPDATE_QUEUE has no grace period: the requested one was not applied"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class UpdateQueueSuspend(Mechanism):
 
     def suspend(self, qids=None, grace_period=None):
         outcomes = []
+        notes = [] if grace_period is None else [NO_GRACE]
         for qid, q, failed in self._each(sorted(self.queues) if qids is None else qids, 0):
             if failed:
                 outcomes.append(failed)
@@ -76,7 +79,7 @@ class UpdateQueueSuspend(Mechanism):
             if q.compute and self.read_wave_state:
                 outcome.ctl_stack_bytes, outcome.save_area_bytes = self._wave_state(q)
             outcomes.append(outcome)
-        return outcomes
+        return MechanismResult(outcomes, notes)
 
     def _wave_state(self, q):
         args = s.kfd_ioctl_get_queue_wave_state_args(ctl_stack_address=q.ctx_save_restore_address, queue_id=q.qid)
@@ -94,7 +97,7 @@ class UpdateQueueSuspend(Mechanism):
                 continue
             self._held.discard(qid)
             outcomes.append(QueueOutcome(qid, "resumed"))
-        return outcomes
+        return MechanismResult(outcomes)
 
     def close(self):
         if self._held:

@@ -15,7 +15,7 @@ from ..errors import SimulatorError
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
-from .control import Channel
+from .control import Channel, SimControl
 from .protocol import IOCTL, REPLY, frame, pack_regions, recv_frame, unpack_regions
 
 OPS = c.kfd_dbg_trap_operations
@@ -120,3 +120,14 @@ class SimBackend:
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))
         return ret
+
+    def read_memory(self, pid, addr, length):
+        """/proc/<pid>/mem's stand-in (kfdtool.device's backend interface): what the simulated
+        kernel wrote into `pid`'s GPU buffers, e.g. the CWSR header after a suspend; None where
+        nothing readable is there."""
+        try:
+            with SimControl(self.socket_path) as ctl:
+                data = ctl("read_memory", pid=pid, addr=addr, length=length)["data"]
+        except SimulatorError:
+            return None
+        return bytes.fromhex(data) if data else None

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import ioctl_opt
 
-from ..cwsr.sizing import cwsr_sizes
 from ..errors import ENOTSUPP
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
 from ..sysfs import SysfsRoot
 from ..topology import read_topology
+from .cwsr import node_cwsr
 from .dbg_trap import DbgTrap
 from .errors import Blocked, SimErrno
 from .memory import BufferObject, access_ok, page_align
@@ -37,7 +37,7 @@ KFD_MMAP_TYPE_DOORBELL = 3 << 62
 class SimDevice:
     gpu_id: int
     node: object                     # topology.Node
-    cwsr: object                     # CwsrSizes or None
+    cwsr: object                     # cwsr.NodeCwsr (what the kernel computed) or None
     cwsr_enabled: bool
     uses_mes: bool                   # gfx11+: MES firmware, no HWS runlists, grace period ignored
     max_queues_per_process: int
@@ -57,7 +57,7 @@ class SimKfd:
         self.devices = {}
         for node in self.topology.for_each_gpu():
             gfxv = node.gfx_target_version or 0
-            sizes = cwsr_sizes(node.props)
+            sizes = node_cwsr(node.props)
             self.devices[node.gpu_id] = SimDevice(
                 node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
                 gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)

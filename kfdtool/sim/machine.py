@@ -33,7 +33,8 @@ PRESETS = {p.name: p for p in (
 class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cwsr_sizes pasid_is_zero has_diq "
                                                 "smi_process_events smi_all_process_bit_checked")):
     """What a simulated kernel looks like from user space, per KFD ABI version:
-    publishes_cwsr_sizes: nodes/N/properties has cwsr_size / ctl_stack_size;
+    publishes_cwsr_sizes: node_show prints cwsr_size / ctl_stack_size (kfd_topology.c; upstream
+        "drm/amdkfd: Export the cwsr_size and ctl_stack_size to userspace", in stable 6.12.y);
     pasid_is_zero: proc/<pid>/pasid prints 0 (7.2);
     has_diq: sysfs queue type numbering keeps DIQ = 3 (6.12 and older);
     smi_process_events: PROCESS_START / PROCESS_END exist;
@@ -49,11 +50,13 @@ class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cws
 
 PROFILES = {
     "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True),
-    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", False, False, True, False, True),
+    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", True, False, True, False, True),
     "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False),
 }
 
 assert tuple(PROFILES) == ABIS
+
+CWSR_KEYS = {"cwsr_size", "ctl_stack_size"}       # per-node CWSR sizes, printed by newer kernels only
 
 DEFAULT_PARAMETERS = {          # amdgpu module parameters (kfd-abi.md §6.1) at their defaults
     "sched_policy": 0, "hws_max_conc_proc": -1, "cwsr_enable": 1, "max_num_of_queues_per_device": 4096,
@@ -116,8 +119,13 @@ def write_parameters(sysfs_root, parameters=None):
 
 def _complete_capture(topo, profile):
     """Fill what partial captures lack so the simulated KFD can serve them: gpu_id (the kernel
-    derives a unique non-zero 16-bit id; we hash the PCI location), generation_id,
-    system_properties, and on 7.2-era profiles the cwsr_size / ctl_stack_size keys."""
+    derives a unique non-zero 16-bit id; we hash the PCI location), generation_id and
+    system_properties.
+
+    CWSR sizes are never added: a capture's cwsr_size / ctl_stack_size are what a real kernel
+    published, and a node without them stays without them (kfdtool then says its sizes come from
+    its formula). The simulated kernel computes its own (sim/cwsr.py) for CREATE_QUEUE. A profile
+    whose kernel predates the keys drops them, as that kernel's node_show would not print them."""
     if not (topo / "generation_id").exists():
         (topo / "generation_id").write_text("1\n")
     if not (topo / "system_properties").exists():
@@ -142,14 +150,9 @@ def _complete_capture(topo, profile):
         used.add(int((node / "gpu_id").read_text()))
         if not (node / "name").exists():
             (node / "name").write_text("ip discovery\n" if props.get("gfx_target_version", 0) >= 90400 else "\n")
-        if profile.publishes_cwsr_sizes and "cwsr_size" not in props:
-            from ..cwsr.sizing import cwsr_sizes      # only when a tree is written, not when reused
-            sizes = cwsr_sizes(props) if is_gpu else None
-            extra = (f"cwsr_size {sizes.cwsr_size if sizes else 0}\n"
-                     f"ctl_stack_size {sizes.ctl_stack_size if sizes else 0}\n")
+        if not profile.publishes_cwsr_sizes and CWSR_KEYS & props.keys():
             lines = props_path.read_text().splitlines(keepends=True)
-            at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("num_cp_queues")), len(lines))
-            props_path.write_text("".join(lines[:at]) + extra + "".join(lines[at:]))
+            props_path.write_text("".join(ln for ln in lines if ln.split(" ", 1)[0] not in CWSR_KEYS))
 
 
 def _build_mi300x_spx(topo):

@@ -56,9 +56,7 @@ class SimMachine:
 
     def open_kfd(self):
         from .client import SimBackend           # the ioctl tables: not needed by read-only commands
-        backend = SimBackend(self.socket)
-        backend.machine = self           # lets tools read simulated process memory (CWSR headers)
-        return backend
+        return SimBackend(self.socket)
 
 
 def _known(find, key):

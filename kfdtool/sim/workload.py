@@ -9,12 +9,12 @@ import ctypes
 import os
 import sys
 
-from ..cwsr.sizing import cwsr_sizes
 from ..device import KfdDevice
 from ..errors import Error
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..topology import read_topology
+from .cwsr import node_cwsr, queue_save_area_bytes
 from .memory import page_align
 
 GTT = c.KFD_IOC_ALLOC_MEM_FLAGS_GTT | c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
@@ -46,12 +46,13 @@ class FakeRuntime:
         args = self.kfd.abi.layout("kfd_ioctl_create_queue_args")(
             ring_base_address=ring, write_pointer_address=wptr, read_pointer_address=rptr, ring_size=ring_size,
             gpu_id=gpu_id, queue_type=queue_type, queue_percentage=100, queue_priority=priority)
-        sizes = cwsr_sizes(self.topology.find_gpu(gpu_id).props)
         compute = queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
-        if compute and sizes:
-            args.ctx_save_restore_address = self.alloc(gpu_id, sizes.queue_mapping_bytes)
-            args.ctx_save_restore_size = sizes.cwsr_size
-            args.ctl_stack_size = sizes.ctl_stack_size
+        sizes = _save_area_sizes(self.topology.find_gpu(gpu_id).props) if compute else None
+        if sizes:
+            ctx_save_restore_size, ctl_stack_size, mapping = sizes
+            args.ctx_save_restore_address = self.alloc(gpu_id, mapping)
+            args.ctx_save_restore_size = ctx_save_restore_size
+            args.ctl_stack_size = ctl_stack_size
         self.kfd.ioctl("CREATE_QUEUE", args)
         self.queues[args.queue_id] = {"gpu_id": gpu_id, "ring_base": ring, "ring_size": ring_size,
                                       "type": queue_type, "priority": priority,
@@ -69,6 +70,19 @@ class FakeRuntime:
         for handle in self.handles:
             self.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
         self.handles.clear()
+
+
+def _save_area_sizes(props):
+    """(ctx_save_restore_size, ctl_stack_size, bytes to map) for a compute queue, chosen as
+    libhsakmt does (queues.c: update_ctx_save_restore_size): the node's published cwsr_size and
+    ctl_stack_size where sysfs has them, else its own copy of the kernel's computation (here the
+    simulated kernel's, not kfdtool's). None where the node has no CWSR."""
+    computed = node_cwsr(props)
+    if computed is None:
+        return None
+    if props.get("cwsr_size") and props.get("ctl_stack_size"):
+        computed = computed._replace(cwsr_size=props["cwsr_size"], ctl_stack_size=props["ctl_stack_size"])
+    return computed.cwsr_size, computed.ctl_stack_size, queue_save_area_bytes(computed, computed.cwsr_size)
 
 
 def set_process_name(name):

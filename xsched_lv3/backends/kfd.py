@@ -38,8 +38,7 @@ class KfdHwQueue(HwQueue):
         self.inner.synchronize()
 
     def interrupt(self):
-        outcomes = self.mech.suspend(self.queue_ids, self.grace_period)
-        bad = [o for o in outcomes if not o.ok]
+        bad = self.mech.suspend(self.queue_ids, self.grace_period).failed
         if bad:
             raise RuntimeError(f"KFD suspend failed for queue {bad[0].qid}: {bad[0].outcome} {bad[0].detail}")
         if getattr(self.inner, "max_level", Level.BLOCK) >= Level.INTERRUPT:
