@@ -394,3 +394,33 @@ def test_a_run_dir_that_is_a_file_is_refused_before_suspending(sim, victim, tmp_
                      env={"KFDTOOL_RUN_DIR": str(not_a_dir)})
     assert result.returncode == 1 and result.stderr.strip() == f"kfdtool: {not_a_dir} (KFDTOOL_RUN_DIR) is not a directory"
     assert all(q["active"] for q in states(sim, victim).values())
+
+
+def test_patched_mechanism_is_not_offered_for_another_process(sim, victim):
+    """The patched 0x87/0x88 ioctls take no pid: `preempt` refuses them while parsing, in one line,
+    before touching the target."""
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--mechanism", "patched-preempt-queue",
+                     "--for", "10ms")
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert "act only on the calling process's own queues; use debug-trap" in error
+    assert all(q["active"] and q["debugger"] is None for q in states(sim, victim).values())
+
+
+def test_preempt_reports_the_mechanisms_notes(sim_dir):
+    """A grace period for queues of an MES GPU (gfx11+): `preempt` passes on the mechanism's note."""
+    composite = start("composite")
+    from kfdtool.topology import read_topology
+    gpus = list(read_topology(composite.sysfs_root).for_each_gpu())      # the workload's order
+    first_mes = next(i for i, g in enumerate(gpus) if g.gfx_target_version >= 110000)
+    pid = spawn_workload("composite", "mes-victim", first_gpu=first_mes, queues=1)
+    try:
+        result = run_cli("--sim", "composite", "preempt", "--pid", str(pid), "--grace", "10", "--for", "10ms", "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["notes"] == ["the MES scheduler (gfx11+) ignores the grace period"]
+        text = run_cli("--sim", "composite", "preempt", "--pid", str(pid), "--grace", "10", "--for", "10ms")
+        assert "note: the MES scheduler (gfx11+) ignores the grace period" in text.stdout
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert composite.is_running()
