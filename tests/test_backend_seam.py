@@ -124,6 +124,7 @@ def test_a_mechanism_without_a_grace_period_says_so_in_its_notes():
 def test_debug_trap_grace_on_an_mes_gpu_is_noted(sim_dir):
     """The composite machine has MES GPUs (gfx11, gfx12) and HWS ones (gfx9): a grace period on a
     queue of an MES GPU comes back with a note, learnt from the kernel's device snapshot."""
+    from kfdtool.sim import runner
     from simhelpers import Client, start
     cl = Client(start("composite"))
     try:
@@ -140,3 +141,4 @@ def test_debug_trap_grace_on_an_mes_gpu_is_noted(sim_dir):
         assert mech.mes_gpus() == {g for g, v in gfx.items() if v >= 110000}
     finally:
         cl.close()
+        runner.stop("composite")            # other tests start it with another ABI

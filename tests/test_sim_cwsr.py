@@ -105,6 +105,8 @@ def test_a_kernel_before_the_keys_does_not_print_them(tmp_path):
 def test_cwsr_source_is_formula_where_no_kernel_published(sim_dir):
     """`kfdtool --sim mi308x cwsr`: the MI308X capture publishes no sizes, so every row is kfdtool's
     formula; on the composite machine, exactly the published nodes say sysfs."""
+    from kfdtool.sim import runner
+    runner.stop("composite")             # a running one may speak another ABI; a stopped one is 7.2's tree
     mi308x = json.loads(run_cli("--sim", "mi308x", "cwsr", "--json").stdout)
     assert mi308x["gpus"] and {g["source"] for g in mi308x["gpus"]} == {"formula"}
     table = run_cli("--sim", "mi308x", "cwsr").stdout
