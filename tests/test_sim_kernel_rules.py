@@ -307,3 +307,53 @@ def test_dbg_trap_ops_without_a_simulated_effect_are_eopnotsupp(client, op):
         assert info.value.errno == errno.EOPNOTSUPP
     finally:
         client.dbg("DISABLE")
+
+
+# --- memory: kfd_chardev.c ------------------------------------------------------------------------
+
+def test_alloc_handle_is_gpu_id_and_lowest_free_idr(client):
+    """kfd_chardev.c: kfd_ioctl_alloc_memory_of_gpu returns MAKE_HANDLE(gpu_id, idr handle), the
+    idr handle being the device's lowest free one (kfd_process.c:
+    kfd_process_device_create_obj_handle); free of an unknown handle is EINVAL."""
+    gpu = client.gpus[1]
+    first = client.rt.alloc(gpu, 4096)
+    handles = client.rt.handles[-1:]
+    client.rt.alloc(gpu, 4096)
+    handles.append(client.rt.handles[-1])
+    assert all(h >> 32 == gpu for h in handles) and handles[1] == handles[0] + 1
+    client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handles[0]))
+    client.rt.handles.remove(handles[0])
+    args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=first, size=4096, gpu_id=gpu,
+                                                flags=c.KFD_IOC_ALLOC_MEM_FLAGS_GTT)
+    client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)        # reuses the freed id
+    client.rt.handles.append(args.handle)
+    assert args.handle == handles[0]
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handles[1] + 77))
+
+
+def test_map_memory_counts_devices_in_n_success(client):
+    """kfd_chardev.c: kfd_ioctl_map_memory_to_gpu: n_success > n_devices is EINVAL; devices are
+    mapped from n_success on, n_success counting them; a gpu_id the process lacks stops with
+    EINVAL after the ones done (the argument is copied back on error); an unknown handle is
+    ENOMEM."""
+    gpu, other = client.gpus[0], client.gpus[1]
+    client.rt.alloc(gpu, 4096)
+    handle = client.rt.handles[-1]
+    ids = (ctypes.c_uint32 * 3)(gpu, other, 0xBAD)
+
+    def mapping(n_devices, n_success=0, h=handle):
+        return s.kfd_ioctl_map_memory_to_gpu_args(handle=h, device_ids_array_ptr=ctypes.addressof(ids),
+                                                  n_devices=n_devices, n_success=n_success)
+    ok = mapping(2)
+    client.kfd.ioctl("MAP_MEMORY_TO_GPU", ok)
+    assert ok.n_success == 2
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("MAP_MEMORY_TO_GPU", mapping(2, n_success=3))
+    bad = mapping(3)
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("MAP_MEMORY_TO_GPU", bad)
+    assert bad.n_success == 2
+    with pytest.raises(errors.KfdIoctlError) as info:
+        client.kfd.ioctl("MAP_MEMORY_TO_GPU", mapping(1, h=handle + 1000))
+    assert info.value.errno == errno.ENOMEM

@@ -396,8 +396,10 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         if any(bo.va < a.va_addr + a.size and a.va_addr < bo.va + bo.size for bo in proc.bos.values()):
             raise SimErrno(errno.EINVAL, "VA range overlaps an existing mapping")
-        handle = (list(self.devices).index(dev.gpu_id) << 32) | proc.next_handle
-        proc.next_handle += 1
+        # MAKE_HANDLE(gpu_id, idr_handle): the lowest free id of the device's alloc_idr
+        # (kfd_process.c: kfd_process_device_create_obj_handle)
+        in_use = {h & 0xFFFF_FFFF for h in proc.bos if h >> 32 == dev.gpu_id}
+        handle = (dev.gpu_id << 32) | next(i for i in range(len(in_use) + 1) if i not in in_use)
         proc.bos[handle] = BufferObject(handle, a.va_addr, a.size, a.gpu_id, a.flags)
         if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
             proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + a.size
@@ -407,6 +409,8 @@ class SimKfd:
         return 0
 
     def free_memory(self, proc, a, mem, uid):
+        """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: no device for the handle's gpu_id, or no
+        such idr handle -> EINVAL."""
         bo = proc.bos.pop(a.handle, None)
         if bo is None:
             raise SimErrno(errno.EINVAL)
@@ -416,12 +420,22 @@ class SimKfd:
         return 0
 
     def map_memory(self, proc, a, mem, uid):
-        if a.handle not in proc.bos or a.n_devices == 0:
+        """kfd_chardev.c: kfd_ioctl_map_memory_to_gpu / kfd_ioctl_unmap_memory_from_gpu, in their
+        order: no devices or n_success > n_devices -> EINVAL; the id array is copied in (EFAULT);
+        the handle's gpu_id must be one of the process's devices (EINVAL) and the handle known
+        (ENOMEM); then devices n_success.. are done one by one, n_success counting them, so a
+        bad gpu_id part-way leaves n_success at the devices done (copied back with the EINVAL)."""
+        if a.n_devices == 0 or a.n_success > a.n_devices:
             raise SimErrno(errno.EINVAL)
         raw = mem.read(a.device_ids_array_ptr, 4 * a.n_devices)
-        for i in range(a.n_devices):
-            self.device(int.from_bytes(raw[4 * i:4 * i + 4], "little"))
-        a.n_success = a.n_devices
+        if a.handle >> 32 not in proc.gpu_ids:
+            raise SimErrno(errno.EINVAL)
+        if a.handle not in proc.bos:
+            raise SimErrno(errno.ENOMEM)
+        for i in range(a.n_success, a.n_devices):
+            if int.from_bytes(raw[4 * i:4 * i + 4], "little") not in proc.gpu_ids:
+                raise SimErrno(errno.EINVAL)
+            a.n_success = i + 1
         return 0
 
     def available_memory(self, proc, a, mem, uid):
