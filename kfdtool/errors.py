@@ -121,7 +121,8 @@ _MEANINGS = {
     ("UPDATE_QUEUE", None, _errno.EINVAL): "percentage > 100, priority > 15 or ring size not a power of two",
     ("GET_QUEUE_WAVE_STATE", None, _errno.EINVAL): "the queue must be an inactive compute queue on a GPU "
                                                    "with CWSR enabled",
-    ("GET_QUEUE_WAVE_STATE", None, _errno.EFAULT): "no such queue id in this process",
+    ("GET_QUEUE_WAVE_STATE", None, _errno.EFAULT): "no such queue id in this process, or ctl_stack_address "
+                                                   "is not writable memory",
     ("RUNTIME_ENABLE", None, _errno.EBUSY): "the runtime is already enabled",
     ("RUNTIME_ENABLE", None, _errno.EEXIST): "queues already exist; the runtime must be enabled before any queue",
     ("DBG_TRAP", None, _errno.ESRCH): "target pid not found, or it has never opened /dev/kfd",

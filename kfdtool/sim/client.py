@@ -6,6 +6,7 @@ table below names the pointer fields and how many bytes they point at; those byt
 the request and the kernel's writes come back, as copy_from_user/copy_to_user would see them.
 """
 import ctypes
+import errno
 import os
 import threading
 
@@ -38,7 +39,11 @@ POINTERS = {
     ("UNMAP_MEMORY_FROM_GPU", None): [("device_ids_array_ptr", lambda a: 4 * a.n_devices)],
     ("WAIT_EVENTS", None): [("events_ptr", lambda a: EVENT_DATA * a.num_events)],
     ("GET_PROCESS_APERTURES_NEW", None): [("kfd_process_device_apertures_ptr", lambda a: APERTURE * a.num_of_nodes)],
+    # the ABI gives no size: the kernel writes up to the queue's ctl_stack_size (per XCC), so the
+    # caller's writable memory there is shipped, up to WAVE_STATE_WINDOW bytes
+    ("GET_QUEUE_WAVE_STATE", None): [("ctl_stack_address", lambda a: _writable_extent(a.ctl_stack_address))],
 }
+WAVE_STATE_WINDOW = 1 << 20
 
 
 _self_mem = None
@@ -56,6 +61,52 @@ def _peek(addr, length):
     return data if len(data) == length else None
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_writev.restype = ctypes.c_ssize_t
+_libc.process_vm_writev.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                                    ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _poke(addr, data):
+    """Write into our own memory as copy_to_user would: False (nothing written) where the pages
+    are not writable, instead of a segfault. process_vm_writev honours page protections, where
+    /proc/self/mem would not."""
+    source = ctypes.create_string_buffer(data, len(data))
+    local, remote = _IoVec(ctypes.addressof(source), len(data)), _IoVec(addr, len(data))
+    done = _libc.process_vm_writev(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if done == len(data):
+        return True
+    if done < 0 and ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):     # syscall filtered out
+        if _writable_extent(addr, len(data)) < len(data):
+            return False
+        ctypes.memmove(addr, data, len(data))
+        return True
+    return False
+
+
+def _writable_extent(addr, limit=WAVE_STATE_WINDOW):
+    """How many bytes from `addr` on (at most `limit`) lie in writable mappings of this process:
+    what copy_to_user could fill there without faulting."""
+    end = addr
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, perms = line.split(maxsplit=2)[:2]
+                low, high = (int(x, 16) for x in span.split("-"))
+                if high <= end:
+                    continue
+                if low > end or "w" not in perms or end - addr >= limit:
+                    break
+                end = high
+    except OSError:
+        return 0
+    return min(end - addr, limit)
+
+
 def _get(obj, path):
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -63,23 +114,32 @@ def _get(obj, path):
 
 
 class SimBackend:
-    """A simulated /dev/kfd fd: connecting and sending "open" makes this process a KFD process.
-    Each thread gets its own connection (same pid, so the same KFD process), so a call that
-    sleeps in the kernel (DESTROY_QUEUE of a suspended queue) blocks only its own thread."""
+    """A simulated /dev/kfd fd. Opening it (the "O" message) makes this process a KFD process.
+
+    The kernel binds the fd to its opener (kfd_chardev.c: kfd_ioctl, `process->lead_thread !=
+    current->group_leader` -> EBADF). Here a connection stands for the fd, one per thread of the
+    opener (same pid, so the same KFD process), so that a call that sleeps in the kernel
+    (DESTROY_QUEUE of a suspended queue) blocks only its own thread. A forked child that uses the
+    inherited object gets connections of its own, on any thread, that never send "O": the
+    server sees a process that is not the opener and answers as the kernel does (EBADF, or
+    ENOTTY for an unknown nr), and the child's replies never mix with the parent's."""
 
     def __init__(self, socket_path):
         self.socket_path = socket_path
+        self.opener_pid = os.getpid()
         self._local = threading.local()
         self._channels = []
         self.fd = self.sock.fileno()      # what user space would pass as dbg_fd
 
     @property
     def sock(self):
+        pid = os.getpid()
         channel = getattr(self._local, "channel", None)
-        if channel is None:
+        if channel is None or self._local.pid != pid:      # a new thread, or a forked child
             channel = Channel(self.socket_path)
-            channel.call_json(b"O")
-            self._local.channel = channel
+            if pid == self.opener_pid:
+                channel.call_json(b"O")
+            self._local.channel, self._local.pid = channel, pid
             self._channels.append(channel)
         return channel.sock
 
@@ -114,7 +174,8 @@ class SimBackend:
         ctypes.memmove(ctypes.addressof(arg), out, min(len(out), ctypes.sizeof(arg)))
         written, _ = unpack_regions(reply, offset + out_len, n_regions)
         for addr, data in written.items():
-            ctypes.memmove(addr, bytes(data), len(data))
+            if not _poke(addr, bytes(data)):
+                ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
         if fds and entry is not None and entry.name == "SMI_EVENTS":
             arg.anon_fd = fds[0]
         if ret < 0:

@@ -3,8 +3,8 @@
 negotiation and "debugger exit resumes everything" are the parts preemption relies on."""
 import ctypes
 import errno
+import os
 
-from ..cwsr.ptrace import tracer_of
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from .errors import SimErrno
@@ -40,7 +40,7 @@ class DbgTrap:
         target = kfd.processes.get(a.pid)
         if target is None:
             raise SimErrno(errno.ESRCH)
-        if not (target is caller or tracer_of(target.pid) == caller.pid or target.debugger is caller):
+        if not (target is caller or ptrace_parent(target.pid) == caller.pid or target.debugger is caller):
             raise SimErrno(errno.EPERM)
         op = a.op
         if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:
@@ -49,10 +49,7 @@ class DbgTrap:
             raise SimErrno(errno.EPERM)
         handler = {
             OPS.KFD_IOC_DBG_TRAP_ENABLE: self.enable, OPS.KFD_IOC_DBG_TRAP_DISABLE: self.op_disable,
-            OPS.KFD_IOC_DBG_TRAP_SEND_RUNTIME_EVENT: self.noop,
             OPS.KFD_IOC_DBG_TRAP_SET_EXCEPTIONS_ENABLED: self.set_exceptions_enabled,
-            OPS.KFD_IOC_DBG_TRAP_SET_WAVE_LAUNCH_OVERRIDE: self.noop,
-            OPS.KFD_IOC_DBG_TRAP_SET_WAVE_LAUNCH_MODE: self.noop,
             OPS.KFD_IOC_DBG_TRAP_SUSPEND_QUEUES: self.suspend_queues,
             OPS.KFD_IOC_DBG_TRAP_RESUME_QUEUES: self.resume_queues,
             OPS.KFD_IOC_DBG_TRAP_SET_FLAGS: self.set_flags,
@@ -60,18 +57,15 @@ class DbgTrap:
             OPS.KFD_IOC_DBG_TRAP_GET_QUEUE_SNAPSHOT: self.queue_snapshot,
             OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT: self.device_snapshot,
         }.get(op)
-        if handler is None:
+        if handler is None:             # not simulated: SEND_RUNTIME_EVENT, wave launch, watches
             raise SimErrno(errno.EINVAL if op > OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT else errno.EOPNOTSUPP)
         return handler(caller, target, a, mem)
-
-    def noop(self, caller, target, a, mem):
-        return 0
 
     def enable(self, caller, target, a, mem):
         if target.debug_trap_enabled:
             raise SimErrno(errno.EALREADY)
-        for gpu in target.gpu_ids:
-            if (self.kfd.devices[gpu].node.gfx_target_version or 0) < 90000:
+        for gpu in target.gpu_ids:         # KFD_IS_SOC15: GC 9.0.1 (gfx900) and later
+            if self.kfd.devices[gpu].gfx_target_version < 90000:
                 raise SimErrno(errno.ENODEV)
         if not _fd_is_open(caller.pid, a.enable.dbg_fd):
             raise SimErrno(errno.EBADF)
@@ -232,5 +226,16 @@ def _user_queue_type(queue_type):
 
 
 def _fd_is_open(pid, fd):
-    import os
     return os.path.exists(f"/proc/{pid}/fd/{fd}")
+
+
+def ptrace_parent(pid):
+    """The kernel's ptrace_parent(task), read from /proc/<pid>/status (0: not traced)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -19,9 +19,9 @@ from ..ioctls.requests import BY_NR
 from ..sysfs import SysfsRoot
 from ..topology import read_topology
 from .cwsr import node_cwsr
-from .dbg_trap import DbgTrap
+from .dbg_trap import DbgTrap, ptrace_parent
 from .errors import Blocked, SimErrno
-from .memory import BufferObject, access_ok, page_align
+from .memory import BufferObject, UserMemory, access_ok, page_align
 from .proc_sysfs import SYSFS_COMPUTE, SYSFS_SDMA, ProcSysfs
 from .smi import SmiHub
 from .state import SimProcess, SimQueue
@@ -44,8 +44,21 @@ class SimDevice:
     remaps: int = 0                  # device-wide unmap+map cycles (HWS runlist refreshes)
 
     @property
+    def gfx_target_version(self):
+        return self.node.gfx_target_version or 0
+
+    @property
     def svm(self):
-        return (self.node.gfx_target_version or 0) >= 90000
+        return self.gfx_target_version >= 90000
+
+    @property
+    def num_xcc(self):
+        return self.node.props.get("num_xcc", 1) or 1
+
+    @property
+    def mqd_per_xcc(self):
+        """GC 9.4.3 / 9.4.4 / 9.5.0 keep one MQD per XCC (kfd_mqd_manager_v9.c: the *_v9_4_3 ops)."""
+        return 90400 <= self.gfx_target_version < 90600
 
 
 class SimKfd:
@@ -72,9 +85,7 @@ class SimKfd:
             "SET_CU_MASK": self.set_cu_mask, "GET_QUEUE_WAVE_STATE": self.get_queue_wave_state,
             "ALLOC_MEMORY_OF_GPU": self.alloc_memory, "FREE_MEMORY_OF_GPU": self.free_memory,
             "MAP_MEMORY_TO_GPU": self.map_memory, "UNMAP_MEMORY_FROM_GPU": self.map_memory,
-            "ACQUIRE_VM": self.check_gpu_id, "SET_MEMORY_POLICY": self.check_gpu_id,
-            "SET_SCRATCH_BACKING_VA": self.check_gpu_id, "SET_TRAP_HANDLER": self.check_gpu_id,
-            "GET_TILE_CONFIG": self.check_gpu_id, "AVAILABLE_MEMORY": self.available_memory,
+            "AVAILABLE_MEMORY": self.available_memory,
             "GET_CLOCK_COUNTERS": self.get_clock_counters,
             "GET_PROCESS_APERTURES_NEW": self.get_process_apertures_new,
             "CREATE_EVENT": self.create_event, "DESTROY_EVENT": self.destroy_event,
@@ -117,17 +128,23 @@ class SimKfd:
         self.sysfs.remove_process(pid)
         self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} sim-{pid}\n", self.devices)
 
-    # --- the dispatcher (kfd_chardev.c:3599-3723) ---------------------------------------------
+    # --- the dispatcher (kfd_chardev.c: kfd_ioctl) ---------------------------------------------
     def ioctl(self, proc, caller_pid, request, user_arg, mem, caller_uid=0):
-        """Returns (retcode, bytes copied back to the caller's argument). Raises Blocked."""
+        """kfd_chardev.c: kfd_ioctl. `proc` is the KFD process that opened this fd (None for a
+        connection that never opened one), `caller_pid` the process making the call.
+        Returns (retcode, bytes copied back to the caller's argument). Raises Blocked."""
         nr = ioctl_opt.IOC_NR(request)
         entry = BY_NR.get(nr)
-        if caller_pid != proc.pid:                 # the fd belongs to the process that opened it
+        patched = nr in (0x87, 0x88) and self.patched_preempt
+        if not patched and (entry is None or not self.abi.supports(entry.name)):
+            return -errno.ENOTTY, b""             # the nr is checked before the fd's owner
+        # only the opener may use the fd; for CRIU_OP also the opener's ptrace parent
+        criu_by_tracer = (proc is not None and entry is not None and entry.name == "CRIU_OP"
+                          and ptrace_parent(proc.pid) == caller_pid)
+        if proc is None or (caller_pid != proc.pid and not criu_by_tracer):
             return -errno.EBADF, b""
-        if nr in (0x87, 0x88) and self.patched_preempt:
+        if patched:
             return self._patched_preempt(proc, nr, user_arg)
-        if entry is None or not self.abi.supports(entry.name):
-            return -errno.ENOTTY, b""
         usize = ioctl_opt.IOC_SIZE(request)
         layout = self.abi.layout(entry.struct.__name__) if entry.struct else None
         ksize = ctypes.sizeof(layout) if layout else 0
@@ -167,16 +184,44 @@ class SimKfd:
         return 0, bytes(user_arg)
 
     def write_wave_state_headers(self, proc):
-        """copy_context_work_handler: after a suspend, the wave-state header of every compute
-        queue of the process is written at its CWSR area (kfd-abi.md §2b)."""
+        """kfd_device_queue_manager.c: copy_context_work_handler, run after a debugger suspend:
+        the MQD's get_wave_state for every compute queue of the process, active or not, written
+        at its ctx_save_restore_address in the target's memory; errors are ignored. The
+        target's memory the simulator can reach is its GPU buffer objects."""
+        target_memory = UserMemory()
         for q in proc.queues.values():
-            if q.is_compute and q.ctx_save_restore_address and self.devices[q.gpu_id].cwsr_enabled:
-                header = s.kfd_context_save_area_header_wave_state(
-                    q.ctl_stack_size - q.saved_ctl_stack_bytes, q.saved_ctl_stack_bytes,
-                    q.ctl_stack_size, q.saved_wave_bytes)
-                for bo in proc.bos.values():
-                    if bo.contains(q.ctx_save_restore_address):
-                        bo.contents[q.ctx_save_restore_address - bo.va] = bytes(header)
+            if q.is_compute:
+                try:
+                    self.mqd_get_wave_state(self.devices[q.gpu_id], q, q.ctx_save_restore_address,
+                                            target_memory, proc)
+                except SimErrno:
+                    pass
+
+    def mqd_get_wave_state(self, dev, q, ctl_stack, mem, proc):
+        """The MQD manager's get_wave_state (kfd_mqd_manager_v9.c / _v10.c / _v11.c / _v12.c:
+        get_wave_state). The MQD's control stack grows down from cp_hqd_cntl_stack_size
+        (= the queue's ctl_stack_size) and the wave save area grows up from it, so
+        cp_hqd_cntl_stack_offset = ctl_stack_size - ctl_stack_used_size and
+        cp_hqd_wg_state_offset = ctl_stack_size + save_area_used_size. gfx9 writes the 16-byte
+        header at `ctl_stack` and copies the control stack (kept one page after the MQD) to
+        ctl_stack + cntl_stack_offset; GC 9.4.3+ repeats both per XCC at
+        ctl_stack + xcc * ctx_save_restore_area_size (get_wave_state_v9_4_3); gfx10 and later
+        write the header only (their control stack is already in user memory); gfx8 (VI)
+        writes nothing. Returns XCC 0's (ctl_stack_used_size, save_area_used_size)."""
+        ctl_used, wave_used = q.saved_ctl_stack_bytes, q.saved_wave_bytes
+        cntl_stack_offset = q.ctl_stack_size - ctl_used
+        header = bytes(s.kfd_context_save_area_header_wave_state(
+            cntl_stack_offset, ctl_used, q.ctl_stack_size + wave_used, wave_used))
+        gfxv = dev.gfx_target_version
+        if gfxv < 90000:
+            return ctl_used, wave_used
+        for xcc in range(dev.num_xcc if dev.mqd_per_xcc else 1):
+            base = ctl_stack + xcc * q.ctx_save_restore_size
+            mem.write(base, header, proc.bos.values())
+            if gfxv < 100000:
+                # no waves run here: the saved control stack's contents are zeros
+                mem.write(base + cntl_stack_offset, bytes(ctl_used), proc.bos.values())
+        return ctl_used, wave_used
 
     def not_simulated(self, proc, args, mem, uid):
         raise SimErrno(errno.EOPNOTSUPP, "not simulated")
@@ -187,9 +232,6 @@ class SimKfd:
         if dev is None:
             raise SimErrno(errno.EINVAL, f"no GPU with gpu_id {gpu_id}")
         return dev
-
-    def check_gpu_id(self, proc, args, mem, uid):
-        self.device(args.gpu_id)
 
     def find_bo(self, proc, addr, size, what):
         """kfd_queue_buffer_get: `addr` must lie in one mapping of exactly `size` bytes."""
@@ -334,18 +376,17 @@ class SimKfd:
         return 0
 
     def get_queue_wave_state(self, proc, a, mem, uid):
-        """kfd-abi.md §2d: only inactive compute queues with CWSR report; gfx9 also writes the
-        16-byte header at ctl_stack_address."""
+        """kfd_process_queue_manager.c: pqm_get_wave_state (unknown qid: EFAULT), then
+        kfd_device_queue_manager.c: get_wave_state (EINVAL unless an inactive compute queue on a
+        device with CWSR), then the MQD's get_wave_state into the caller's memory at
+        ctl_stack_address. The sizes are filled before the copies, so they come back even when
+        a copy faults."""
         q = self.find_queue(proc, a.queue_id)
         dev = self.devices[q.gpu_id]
         if not q.is_compute or q.is_active or not dev.cwsr_enabled:
             raise SimErrno(errno.EINVAL)
-        header = s.kfd_context_save_area_header_wave_state(
-            q.ctl_stack_size - q.saved_ctl_stack_bytes, q.saved_ctl_stack_bytes,
-            q.ctl_stack_size, q.saved_wave_bytes)
-        mem.write(a.ctl_stack_address, bytes(header), proc.bos.values())
-        a.ctl_stack_used_size = q.saved_ctl_stack_bytes
-        a.save_area_used_size = q.saved_wave_bytes
+        a.ctl_stack_used_size, a.save_area_used_size = q.saved_ctl_stack_bytes, q.saved_wave_bytes
+        self.mqd_get_wave_state(dev, q, a.ctl_stack_address, mem, proc)
         return 0
 
     # --- memory ---------------------------------------------------------------------------------
@@ -355,8 +396,10 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         if any(bo.va < a.va_addr + a.size and a.va_addr < bo.va + bo.size for bo in proc.bos.values()):
             raise SimErrno(errno.EINVAL, "VA range overlaps an existing mapping")
-        handle = (list(self.devices).index(dev.gpu_id) << 32) | proc.next_handle
-        proc.next_handle += 1
+        # MAKE_HANDLE(gpu_id, idr_handle): the lowest free id of the device's alloc_idr
+        # (kfd_process.c: kfd_process_device_create_obj_handle)
+        in_use = {h & 0xFFFF_FFFF for h in proc.bos if h >> 32 == dev.gpu_id}
+        handle = (dev.gpu_id << 32) | next(i for i in range(len(in_use) + 1) if i not in in_use)
         proc.bos[handle] = BufferObject(handle, a.va_addr, a.size, a.gpu_id, a.flags)
         if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
             proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + a.size
@@ -366,6 +409,8 @@ class SimKfd:
         return 0
 
     def free_memory(self, proc, a, mem, uid):
+        """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: no device for the handle's gpu_id, or no
+        such idr handle -> EINVAL."""
         bo = proc.bos.pop(a.handle, None)
         if bo is None:
             raise SimErrno(errno.EINVAL)
@@ -375,12 +420,22 @@ class SimKfd:
         return 0
 
     def map_memory(self, proc, a, mem, uid):
-        if a.handle not in proc.bos or a.n_devices == 0:
+        """kfd_chardev.c: kfd_ioctl_map_memory_to_gpu / kfd_ioctl_unmap_memory_from_gpu, in their
+        order: no devices or n_success > n_devices -> EINVAL; the id array is copied in (EFAULT);
+        the handle's gpu_id must be one of the process's devices (EINVAL) and the handle known
+        (ENOMEM); then devices n_success.. are done one by one, n_success counting them, so a
+        bad gpu_id part-way leaves n_success at the devices done (copied back with the EINVAL)."""
+        if a.n_devices == 0 or a.n_success > a.n_devices:
             raise SimErrno(errno.EINVAL)
         raw = mem.read(a.device_ids_array_ptr, 4 * a.n_devices)
-        for i in range(a.n_devices):
-            self.device(int.from_bytes(raw[4 * i:4 * i + 4], "little"))
-        a.n_success = a.n_devices
+        if a.handle >> 32 not in proc.gpu_ids:
+            raise SimErrno(errno.EINVAL)
+        if a.handle not in proc.bos:
+            raise SimErrno(errno.ENOMEM)
+        for i in range(a.n_success, a.n_devices):
+            if int.from_bytes(raw[4 * i:4 * i + 4], "little") not in proc.gpu_ids:
+                raise SimErrno(errno.EINVAL)
+            a.n_success = i + 1
         return 0
 
     def available_memory(self, proc, a, mem, uid):

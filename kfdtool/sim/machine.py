@@ -117,6 +117,12 @@ def write_parameters(sysfs_root, parameters=None):
         (params / key).write_text(f"{value}\n")
 
 
+# Captures from kernels that did not publish gfx_target_version: the value every simulated kernel
+# (6.1 and later) prints, from the GC IP version the driver assigns to the PCI device
+# (kfd_device.c: kgd2kfd_probe; Vega10, device 0x6860, is GC 9.0.1 -> 90000, gfx900)
+GFX_TARGET_VERSION_BY_DEVICE_ID = {0x6860: 90000}
+
+
 def _complete_capture(topo, profile):
     """Fill what partial captures lack so the simulated KFD can serve them: gpu_id (the kernel
     derives a unique non-zero 16-bit id; we hash the PCI location), generation_id and
@@ -139,6 +145,12 @@ def _complete_capture(topo, profile):
         props_path = node / "properties"
         props = parse_properties(props_path.read_text())
         is_gpu = props.get("simd_count", 0) > 0
+        if is_gpu and "gfx_target_version" not in props and props.get("device_id") in GFX_TARGET_VERSION_BY_DEVICE_ID:
+            props["gfx_target_version"] = GFX_TARGET_VERSION_BY_DEVICE_ID[props["device_id"]]
+            lines = props_path.read_text().splitlines(keepends=True)
+            at = next((i for i, ln in enumerate(lines) if ln.startswith("vendor_id")), len(lines))
+            props_path.write_text("".join(lines[:at]) + f"gfx_target_version {props['gfx_target_version']}\n"
+                                  + "".join(lines[at:]))
         if not (node / "gpu_id").exists():
             gpu_id = 0
             if is_gpu:

@@ -31,11 +31,13 @@ class BufferObject:
 
 
 class UserMemory:
-    """Regions shipped by the client: {address: bytearray}. Writes are sent back to the client."""
+    """Regions shipped by the client: {address: bytearray}. What the kernel writes into them is
+    sent back byte-exact (`copied_to_user`), never the whole region: the client writes back only
+    what a copy_to_user would have changed."""
 
     def __init__(self, regions=None):
         self.regions = regions or {}
-        self.written = set()
+        self.copied_to_user = {}        # address -> bytes, in the order they were written
 
     def _find(self, addr, length):
         for base, buf in self.regions.items():
@@ -53,7 +55,8 @@ class UserMemory:
         base, buf = self._find(addr, len(data))
         if buf is not None:
             buf[addr - base:addr - base + len(data)] = data
-            self.written.add(base)
+            self.copied_to_user.pop(addr, None)
+            self.copied_to_user[addr] = bytes(data)
             return
         for bo in bos:           # GPU-visible memory of the process (e.g. the CWSR area)
             if bo.contains(addr) and addr + len(data) <= bo.va + bo.size:

@@ -67,7 +67,6 @@ class SimProcess:
     queues: dict = field(default_factory=dict)          # qid -> SimQueue, insertion = creation order
     bos: dict = field(default_factory=dict)             # handle -> BufferObject
     events: dict = field(default_factory=dict)          # event_id -> signaled
-    next_handle: int = 1
     next_event: int = 1
     queues_paused: bool = False                         # CRIU PROCESS_INFO
     has_reset_queue: bool = False
