@@ -339,3 +339,64 @@ def test_the_log_keeps_a_bounded_rate_and_says_how_much_it_dropped(monkeypatch):
     log("later")
     assert "(7 log lines dropped in the last minute)" in out.getvalue() and "later" in out.getvalue()
 
+
+
+# --- `kfdtool sim start`: the sysfs tree is built once per preset, ABI and code version -------------
+
+def tree_contents(root):
+    """{relative path: (permission bits, bytes or None for a directory)} of everything under root
+    but the stamp saying what the tree was built from."""
+    from kfdtool.sim.machine import TREE_STAMP
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            if os.path.relpath(path, root) == TREE_STAMP:
+                continue
+            st = os.lstat(path)
+            data = None
+            if not os.path.isdir(path):
+                with open(path, "rb") as f:
+                    data = f.read()
+            out[os.path.relpath(path, root)] = (st.st_mode, data)
+    return out
+
+
+@pytest.mark.parametrize("capture", ["k8sdp-mi210-8x-xgmi", "k8sdp-vega10-1gpu", "rocprofsdk-composite"])
+def test_capture_extraction_equals_tarfiles_data_filter(tmp_path, capture):
+    """The fast extractor writes what tarfile.extractall(filter="data") writes: names, modes, bytes."""
+    import io
+    import tarfile
+    from kfdtool.sim.machine import _capture_archive, extract_capture
+    with tarfile.open(fileobj=io.BytesIO(_capture_archive(capture))) as tar:
+        tar.extractall(tmp_path / "tarfile", filter="data")
+    extract_capture(capture, tmp_path / "ours")
+    assert tree_contents(tmp_path / "ours") == tree_contents(tmp_path / "tarfile")
+
+
+def test_materialize_keeps_a_current_tree_and_rebuilds_a_changed_or_stale_one(tmp_path, monkeypatch):
+    from kfdtool.sim import machine
+    root = tmp_path / "sys"
+    topo = machine.materialize("mi210", root, machine.PROFILES["1.23"])
+    fresh = tree_contents(root)
+    props = next(p for p in sorted(topo.glob("nodes/*/properties")) if b"simd_count 0" not in p.read_bytes())
+    inode = props.stat().st_ino
+    (topo.parent / "proc" / "4242").mkdir()                                 # a process of the last run
+    (root / "module" / "amdgpu" / "parameters" / "sched_policy").write_text("2\n")   # its --param
+    machine.materialize("mi210", root, machine.PROFILES["1.23"])
+    assert props.stat().st_ino == inode                                     # kept, not rewritten
+    assert tree_contents(root) == fresh                                     # and a fresh boot all the same
+
+    props.write_text("simd_count 0\n")                                      # changed by hand: rebuilt
+    machine.materialize("mi210", root, machine.PROFILES["1.23"])
+    assert tree_contents(root) == fresh
+
+    machine.materialize("mi210", root, machine.PROFILES["1.17"])          # another kernel profile
+    assert b"cwsr_size" not in props.read_bytes()
+    machine.materialize("mi210", root, machine.PROFILES["1.23"])
+    assert tree_contents(root) == fresh
+
+    inode = props.stat().st_ino
+    monkeypatch.setattr(machine, "code_version", lambda: "another kfdtool")  # kfdtool changed: rebuilt
+    machine.materialize("mi210", root, machine.PROFILES["1.23"])
+    assert props.stat().st_ino != inode and tree_contents(root) == fresh
