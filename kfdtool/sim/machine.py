@@ -85,30 +85,44 @@ def _capture_archive(capture):
     return resources.files(__package__).joinpath("presets").joinpath(f"{capture}.tar.gz").read_bytes()
 
 
+CREATE_THREADS = 8       # file creation is mostly waiting on the filesystem; threads overlap the waits
+
+
 def extract_capture(capture, dest):
     """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>).
     Same result as tarfile's extractall(filter="data") (files rw-r--r--, directories by the umask,
-    nothing but plain files and directories, nothing outside `dest`) at a third of its cost: the
-    filter resolves every member's real path, which dominated `kfdtool sim start`."""
+    nothing but plain files and directories, nothing outside `dest`), several times faster: the
+    filter resolves every member's real path, and creating thousands of files one after another
+    waits on the disk for each (0.3-1 ms on a virtual machine's disk)."""
     import tarfile
+    from concurrent.futures import ThreadPoolExecutor
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    dirs, files = set(), []
     with tarfile.open(fileobj=io.BytesIO(_capture_archive(capture))) as tar:
         for member in tar:
             parts = Path(member.name).parts
             if member.name.startswith("/") or ".." in parts or not (member.isdir() or member.isreg()):
                 raise tarfile.FilterError(f"capture {capture}: refusing member {member.name!r}")
-            path = dest.joinpath(*parts)
-            if member.isdir():
-                path.mkdir(exist_ok=True)
-                continue
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, tar.extractfile(member).read())
-                os.fchmod(fd, (member.mode & 0o755 if member.mode & 0o100 else member.mode & 0o644) | 0o600)
-            finally:
-                os.close(fd)
+            dirs.update(parts[:i] for i in range(1, len(parts) + (0 if member.isreg() else 1)))
+            if member.isreg():
+                mode = (member.mode & 0o755 if member.mode & 0o100 else member.mode & 0o644) | 0o600
+                files.append((dest.joinpath(*parts), tar.extractfile(member).read(), mode))
+    with ThreadPoolExecutor(CREATE_THREADS) as pool:
+        for depth in sorted({len(d) for d in dirs}):          # parents before children
+            list(pool.map(lambda d: dest.joinpath(*d).mkdir(exist_ok=True), [d for d in dirs if len(d) == depth]))
+        list(pool.map(_write_file, files))
     return dest
+
+
+def _write_file(item):
+    path, data, mode = item
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 TREE_STAMP = ".kfdtool-tree.json"      # in the sysfs root: what its topology was built from
