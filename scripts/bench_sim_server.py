@@ -2,6 +2,7 @@
 (kfdtool.sim.client.SimBackend), with 1, 8 and 64 client processes at once.
 
     python scripts/bench_sim_server.py [--clients 1 8 64] [--seconds 3] [--out results/bench_sim_server.json]
+    python scripts/bench_sim_server.py --table results/bench_sim_server.json      # the README table
 
 Every client is its own process (its own KFD process and connection); all start together, each
 counts its round trips for --seconds and times every one of them. GET_VERSION does no work in the
@@ -74,6 +75,17 @@ def run_level(socket_path, clients, seconds):
             **{k: round(v, 4) for k, v in latency_summary(latencies, prefix="round_trip").items()}}
 
 
+def table(path):
+    """The README table of one results file."""
+    doc = json.loads(Path(path).read_text())
+    lines = ["| clients | round trips/s | per client | p50 | p99 |", "|---|---|---|---|---|"]
+    for row in doc["levels"]:
+        lines.append(f"| {row['clients']} | {row['requests_per_s']:,} | {row['per_client_min_per_s']:,}–"
+                     f"{row['per_client_max_per_s']:,}/s | {row['round_trip_p50_ms']:.2f} ms | "
+                     f"{row['round_trip_p99_ms']:.2f} ms |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     if sys.argv[1:2] == ["--worker"]:
         worker(sys.argv[2], float(sys.argv[3]))
@@ -82,7 +94,11 @@ def main():
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--out", default="results/bench_sim_server.json")
+    parser.add_argument("--table", metavar="RESULTS", help="print the README table of this results file")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table), end="")
+        return 0
     load_at_start = os.getloadavg()[0]      # other work on the host skews every number
     from kfdtool.sim import runner
     state = tempfile.mkdtemp(prefix="kfdtool-bench-server-")

@@ -2,6 +2,7 @@
 state directory (it builds the sysfs tree) and the starts after it (the tree is kept while current).
 
     python scripts/bench_sim_start.py [--restarts 5] [--out results/bench_sim_start.json]
+    python scripts/bench_sim_start.py --table results/bench_sim_start.json results/bench_sim_start_before.json
 
 Each start is the real command in a subprocess, timed from exec to exit (it returns once the
 server is ready), followed by `kfdtool sim stop`. The state directory is a fresh one under --dir
@@ -42,12 +43,31 @@ def filesystem_of(path):
         return None
 
 
+def table(after, before):
+    """The README table: this version's starts next to an earlier version's (same script)."""
+    rows_after, rows_before = (json.loads(Path(p).read_text()) for p in (after, before))
+    earlier = {r["preset"]: r for r in rows_before["presets"]}
+    lines = ["| preset | first start | restarts, median (max) | before: first start | before: restarts |",
+             "|---|---|---|---|---|"]
+    for r in rows_after["presets"]:
+        was = earlier.get(r["preset"])
+        before = f"{was['first_start_s']:.2f} s | {was['restart_median_s']:.2f} s" if was else "– | –"
+        lines.append(f"| {r['preset']} | {r['first_start_s']:.2f} s | {r['restart_median_s']:.2f} s "
+                     f"({r['restart_max_s']:.2f} s) | {before} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=5, help="starts after the first, per preset")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the fresh state directory goes")
     parser.add_argument("--out", default="results/bench_sim_start.json")
+    parser.add_argument("--table", nargs=2, metavar=("RESULTS", "EARLIER_RESULTS"),
+                        help="print the README table of these results files")
     args = parser.parse_args()
+    if args.table:
+        print(table(*args.table), end="")
+        return 0
     load_at_start = os.getloadavg()[0]      # other work on the host skews every number
     from kfdtool.sim.machine import PRESETS
     state = Path(tempfile.mkdtemp(prefix="kfdtool-bench-start-", dir=args.dir))
