@@ -6,7 +6,7 @@ import json
 import socket
 
 from ..errors import SimulatorError
-from .protocol import frame, recv_frame
+from .protocol import LEN, frame, recv_frame
 
 
 class Channel:
@@ -28,21 +28,32 @@ class Channel:
         self.close()
 
     def call_json(self, payload):
+        """Send one request, return the server's JSON reply; an error reply raises SimulatorError."""
         try:
             self.sock.sendall(frame(payload))
             reply, _ = recv_frame(self.sock)
         except OSError as e:
-            raise SimulatorError(f"simulated KFD server went away: {e}") from None
-        return json.loads(reply[1:])
+            raise SimulatorError(self._last_words() or f"simulated KFD server went away: {e}") from None
+        try:
+            reply = json.loads(reply[1:])
+        except ValueError:
+            raise SimulatorError("simulated KFD server sent a reply that is not JSON") from None
+        if "error" in reply:
+            raise SimulatorError(reply["error"])
+        return reply
+
+    def _last_words(self):
+        """The error the server sent before closing this connection (a refusal), if any."""
+        try:
+            self.sock.setblocking(False)
+            data = self.sock.recv(1 << 16)
+            return json.loads(data[LEN.size + 1:])["error"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
 
 class SimControl(Channel):
     """Simulation-only operations: status, bulk workloads, waves, eviction, parameters."""
 
     def __call__(self, op, **fields):
-        reply = self.call_json(b"C" + json.dumps({"op": op, **fields}).encode())
-        if "error" in reply:
-            raise SimulatorError(reply["error"])
-        return reply
-
-
+        return self.call_json(b"C" + json.dumps({"op": op, **fields}).encode())

@@ -3,10 +3,13 @@
 Every message is a u32 length + payload; the payload's first byte is its kind:
   client: b"O" open /dev/kfd (the connecting process becomes a KFD process)
           b"I" ioctl: <request u32, caller pid i32, arg len u32, regions u32> arg, regions
-          b"C" control: JSON
+          b"C" control: a JSON object
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32> out, regions (+ SCM_RIGHTS)
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
+
+Anything else is a `ProtocolError`: the server answers it with one JSON error and closes that
+connection (never the server).
 """
 import json
 import socket
@@ -17,27 +20,69 @@ IOCTL = struct.Struct("<IiII")
 REPLY = struct.Struct("<qIII")
 REGION = struct.Struct("<QI")
 
+# The largest payload either side accepts. A real ioctl argument is at most 16 KiB (the 14-bit
+# _IOC_SIZE field); the regions are what its pointers cover: the largest legitimate ones are
+# WAIT_EVENTS' event array (at most KFD_SIGNAL_EVENT_LIMIT = 4096 events x 32 bytes) and the
+# debugger's snapshot buffers, far below this.
+MAX_FRAME_BYTES = 4 << 20
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the framing rules above; the text says which rule."""
+
 
 def pack_regions(regions):
     return b"".join(REGION.pack(addr, len(data)) + bytes(data) for addr, data in regions)
 
 
 def unpack_regions(buf, offset, count):
+    """`count` regions from `buf` at `offset`: ({address: bytearray}, offset after them)."""
     regions = {}
-    for _ in range(count):
+    for i in range(count):
+        if offset + REGION.size > len(buf):
+            raise ProtocolError(f"region {i} of {count}: header cut short")
         addr, length = REGION.unpack_from(buf, offset)
         offset += REGION.size
+        if offset + length > len(buf):
+            raise ProtocolError(f"region {i} of {count} at {addr:#x}: {length} bytes announced, "
+                                f"{len(buf) - offset} sent")
         regions[addr] = bytearray(buf[offset:offset + length])
         offset += length
     return regions, offset
+
+
+def parse_ioctl(body):
+    """An ioctl request's body (after the kind byte): (request, caller pid, arg, regions)."""
+    if len(body) < IOCTL.size:
+        raise ProtocolError(f"ioctl header cut short: {len(body)} of {IOCTL.size} bytes")
+    request, caller_pid, arg_len, n_regions = IOCTL.unpack_from(body)
+    offset = IOCTL.size
+    if offset + arg_len > len(body):
+        raise ProtocolError(f"ioctl argument of {arg_len} bytes announced, {len(body) - offset} sent")
+    arg = body[offset:offset + arg_len]
+    regions, end = unpack_regions(body, offset + arg_len, n_regions)
+    if end != len(body):
+        raise ProtocolError(f"{len(body) - end} bytes after the ioctl's last region")
+    return request, caller_pid, arg, regions
+
+
+def parse_control(body):
+    """A control request's body: the JSON object with its "op"."""
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError) as e:          # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"control message is not JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"control message is a JSON {type(msg).__name__}, not an object")
+    return msg
 
 
 def frame(payload):
     return LEN.pack(len(payload)) + payload
 
 
-def send_json(sock, obj):
-    sock.sendall(frame(b"J" + json.dumps(obj).encode()))
+def json_frame(obj):
+    return frame(b"J" + json.dumps(obj).encode())
 
 
 def recv_exact(sock, n):

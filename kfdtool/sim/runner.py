@@ -2,14 +2,13 @@
 /tmp/kfdtool-sim-<uid>/<name>): the sysfs tree under sys/, the socket kfd.sock, a log."""
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from ..errors import SimulatorError
 from .control import SimControl
-from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize, write_parameters
+from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
 
 START_TIMEOUT_S = 30
 
@@ -122,15 +121,8 @@ def static_tree(name, abi="1.23"):
     if sim.is_running():
         return sim
     profile = _known(find_profile, abi)
-    info = sim.info
-    proc = sim.sysfs_root / "class" / "kfd" / "kfd" / "proc"
-    if info.get("preset") == name and info.get("abi") == abi and proc.is_dir():
-        for entry in proc.iterdir():                 # reuse the tree; a dead simulator's processes are gone
-            shutil.rmtree(entry, ignore_errors=True)
-        write_parameters(sim.sysfs_root)             # and so are its --param overrides
-        return sim
-    materialize(name, sim.sysfs_root, profile)
-    info.update({"preset": name, "abi": abi, "release": profile.release})
+    materialize(name, sim.sysfs_root, profile)        # kept from the last run where it is current
+    info = {**sim.info, "preset": name, "abi": abi, "release": profile.release}
     (sim.dir / "machine.json").write_text(json.dumps(info))
     return sim
 

@@ -3,9 +3,16 @@ processes connect over a unix socket. The peer's pid and uid come from SO_PEERCR
 process lives until the OS process exits (watched with a pidfd), like the kernel's kfd_process,
 which outlives close() and dies with the mm — kill -9 included.
 
+One thread, one selector, non-blocking sockets. Each connection is one thread of a client and
+makes one call at a time: its next request is taken only once the previous reply has been handed
+to the kernel's socket buffer in full (and no call of it sleeps in the simulated kernel), so a
+client that stops reading, or is stopped mid-reply, holds up only itself. Bytes that break the
+protocol close that connection with a reason in server.log; the server keeps serving the rest.
+
     python -m kfdtool.sim.server --preset mi308x --dir /tmp/kfdtool-sim-0/mi308x
 """
 import argparse
+import collections
 import errno
 import json
 import os
@@ -14,6 +21,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -22,23 +30,70 @@ from .errors import Blocked, SimErrno
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
-from .protocol import IOCTL, REPLY, frame, pack_regions, send_json, unpack_regions
+from .protocol import (LEN, MAX_FRAME_BYTES, REPLY, ProtocolError, frame, json_frame, pack_regions,
+                       parse_control, parse_ioctl)
 from .state import SimQueue
 from .timing import max_waves
 
 CRED = struct.Struct("3i")
 
+# Connection limits: /dev/kfd has none, but every connection costs the server an fd and buffers,
+# and the socket is open to every local user. Per uid, so that one user cannot lock others out.
+MAX_CONNECTIONS = 4096
+MAX_CONNECTIONS_PER_UID = 1024
+RECV_BYTES = 256 << 10                # one read from a client socket
+LOG_LINES_PER_MINUTE = 600            # a client that reconnects in a loop must not fill the disk
+
 
 class Connection:
+    """One client socket: a thread of a GPU process, or a control channel."""
+
     def __init__(self, sock):
         self.sock = sock
-        self.buf = bytearray()
         self.pid, self.uid, _gid = CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CRED.size))
+        self.inbox = bytearray()             # received bytes not yet taken as requests
+        self.outbox = collections.deque()    # [bytes left to send, fds to pass with their first byte]
+        self.sleeping = False                # its call sleeps in the simulated kernel (Blocked)
         self.kfd_open = False
+        self.closed = False
+        self.events = 0                      # what the selector watches it for
+
+    def __repr__(self):
+        return f"connection fd {self.sock.fileno()} (pid {self.pid}, uid {self.uid})"
+
+    @property
+    def takes_requests(self):
+        return not self.outbox and not self.sleeping and not self.closed
+
+
+class RateLimitedLog:
+    """Lines to stderr (the machine's server.log), at most `per_minute`; the rest are counted
+    and the count is logged when lines flow again."""
+
+    def __init__(self, per_minute=LOG_LINES_PER_MINUTE, stream=None):
+        self.per_minute, self.stream = per_minute, stream or sys.stderr
+        self.window_start, self.lines, self.dropped = time.monotonic(), 0, 0
+
+    def __call__(self, text):
+        now = time.monotonic()
+        if now - self.window_start >= 60:
+            if self.dropped:
+                self._write(now, f"({self.dropped} log lines dropped in the last minute)")
+            self.window_start, self.lines, self.dropped = now, 0, 0
+        if self.lines >= self.per_minute:
+            self.dropped += 1
+            return
+        self.lines += 1
+        self._write(now, text)
+
+    def _write(self, now, text):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{stamp} kfdtool-sim: {text}", file=self.stream, flush=True)
 
 
 class SimServer:
-    def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False):
+    def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False,
+                 max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sysfs_root = self.dir / "sys"
@@ -57,75 +112,202 @@ class SimServer:
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
         self.socket_path = self.dir / "kfd.sock"
+        self.max_connections, self.max_connections_per_uid = max_connections, max_connections_per_uid
+        self.connections_of = collections.Counter()     # uid -> open connections
+        self.listener = None
+        self.accept_paused_until = 0.0                  # out of fds: accept again after a pause
+        self.log = RateLimitedLog()
 
     # --- main loop --------------------------------------------------------------------------------
     def serve(self):
         if self.socket_path.exists():
             self.socket_path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(self.socket_path))
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o666)      # like /dev/kfd: any user may open it
-        listener.listen(256)
-        listener.setblocking(False)
-        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         (self.dir / "ready").write_text(str(os.getpid()))
         while self.running:
-            for key, _ in self.sel.select(timeout=0.5):
+            for key, events in self.sel.select(timeout=0.5):
                 kind, obj = key.data
                 if kind == "listen":
-                    self._accept(listener)
+                    self._accept()
                 elif kind == "conn":
-                    self._on_data(obj)
+                    self._on_socket(obj, events)
                 elif kind == "pidfd":
                     self._on_exit(obj)
                 elif kind == "smi":
                     self.kfd.smi.on_readable(obj)
             self._retry_blocked()
             self._register_smi()
+            self._resume_accepting()
         for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
             path.unlink(missing_ok=True)
 
-    def _accept(self, listener):
+    def _accept(self):
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:                # EMFILE/ENFILE: leave the rest in the backlog a while
+                self.log(f"accept failed ({e.strerror}); not accepting for 1 s")
+                self.sel.unregister(self.listener)
+                self.accept_paused_until = time.monotonic() + 1.0
+                return
+            sock.setblocking(False)
+            conn = Connection(sock)
+            refusal = self._over_limit(conn)
+            if refusal:
+                self.log(f"refused {conn}: {refusal}")
+                self._send_last_words(conn, refusal)
+                sock.close()
+                continue
+            self.connections_of[conn.uid] += 1
+            self._watch(conn)
+
+    def _over_limit(self, conn):
+        if sum(self.connections_of.values()) >= self.max_connections:
+            return f"too many connections ({self.max_connections}, the server's MAX_CONNECTIONS)"
+        if self.connections_of[conn.uid] >= self.max_connections_per_uid:
+            return (f"too many connections for uid {conn.uid} "
+                    f"({self.max_connections_per_uid}, the server's MAX_CONNECTIONS_PER_UID)")
+        return None
+
+    def _resume_accepting(self):
+        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
+            self.accept_paused_until = 0.0
+            self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+    def _watch(self, conn):
+        """Watch `conn` for what it can do next: send (replies queued) or take requests."""
+        if conn.closed:
+            return
+        events = selectors.EVENT_WRITE if conn.outbox else selectors.EVENT_READ
+        if events != conn.events:
+            if conn.events:
+                self.sel.modify(conn.sock, events, ("conn", conn))
+            else:
+                self.sel.register(conn.sock, events, ("conn", conn))
+            conn.events = events
+
+    def _on_socket(self, conn, events):
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        elif events & selectors.EVENT_READ:
+            self._receive(conn)
+        self._take_requests(conn)
+        self._watch(conn)
+
+    def _receive(self, conn):
         try:
-            sock, _ = listener.accept()
+            data = conn.sock.recv(RECV_BYTES)
         except BlockingIOError:
             return
-        sock.setblocking(True)
-        self.sel.register(sock, selectors.EVENT_READ, ("conn", Connection(sock)))
-
-    def _on_data(self, conn):
-        try:
-            data = conn.sock.recv(1 << 20)
-        except OSError:
-            data = b""
-        if not data:
-            self.sel.unregister(conn.sock)
-            conn.sock.close()
-            self.blocked = [b for b in self.blocked if b[0] is not conn]
+        except OSError as e:
+            self._close(conn, f"receive failed: {e.strerror}")
             return
-        conn.buf += data
-        while len(conn.buf) >= 4:
-            length = int.from_bytes(conn.buf[:4], "little")
-            if len(conn.buf) < 4 + length:
-                break
-            payload, conn.buf = bytes(conn.buf[4:4 + length]), conn.buf[4 + length:]
-            self._handle(conn, payload)
+        if not data:
+            self._close(conn, None)             # an orderly close: nothing to log
+            return
+        conn.inbox += data
+        # taken only while the previous call is answered; a client that keeps sending meanwhile
+        # is not making one call at a time
+        if len(conn.inbox) > LEN.size + MAX_FRAME_BYTES + RECV_BYTES:
+            self._drop(conn, ProtocolError(f"{len(conn.inbox)} bytes sent while its call was not answered"))
+
+    def _take_requests(self, conn):
+        """Handle each whole request in the inbox, one at a time, while the connection takes them."""
+        while conn.takes_requests and len(conn.inbox) >= LEN.size:
+            (length,) = LEN.unpack_from(conn.inbox)
+            try:
+                if length > MAX_FRAME_BYTES:
+                    raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
+                if len(conn.inbox) < LEN.size + length:
+                    return
+                payload = bytes(conn.inbox[LEN.size:LEN.size + length])
+                del conn.inbox[:LEN.size + length]
+                self._handle(conn, payload)
+            except ProtocolError as e:
+                self._drop(conn, e)
+                return
 
     def _handle(self, conn, payload):
         kind, body = payload[:1], payload[1:]
+        if kind == b"O":
+            self._open(conn)
+            self._send(conn, json_frame({"ok": True, "pid": conn.pid}))
+        elif kind == b"I":
+            self._ioctl(conn, *parse_ioctl(body))
+        elif kind == b"C":
+            self._send(conn, json_frame(self._control(conn, parse_control(body))))
+        elif not kind:
+            raise ProtocolError("an empty message")
+        else:
+            raise ProtocolError(f"unknown message kind {kind!r}")
+
+    # --- replies ------------------------------------------------------------------------------
+    def _send(self, conn, data, fds=()):
+        """Queue a reply and hand as much of it to the socket as it takes now."""
+        conn.outbox.append([memoryview(data), list(fds)])
+        self._flush(conn)
+
+    def _flush(self, conn):
+        while conn.outbox and not conn.closed:
+            entry = conn.outbox[0]
+            data, fds = entry
+            try:
+                if fds:                          # the fds travel with the reply's first byte
+                    sent = socket.send_fds(conn.sock, [data[:1]], [f.fileno() for f in fds])
+                    for f in fds:
+                        f.close()
+                    entry[1] = []
+                else:
+                    sent = conn.sock.send(data)
+            except BlockingIOError:
+                return                           # the client is not reading: wait for EVENT_WRITE
+            except OSError as e:
+                self._close(conn, f"client went away mid-reply ({e.strerror})")
+                return
+            entry[0] = data[sent:]
+            if not entry[0]:
+                conn.outbox.popleft()
+
+    def _send_last_words(self, conn, reason):
+        """One error reply, if the socket takes it now; a connection being closed is never waited for."""
         try:
-            if kind == b"O":
-                self._open(conn)
-                send_json(conn.sock, {"ok": True, "pid": conn.pid})
-            elif kind == b"I":
-                self._ioctl(conn, body)
-            elif kind == b"C":
-                send_json(conn.sock, self._control(conn, json.loads(body)))
-            else:
-                send_json(conn.sock, {"error": f"unknown message kind {kind!r}"})
-        except (BrokenPipeError, ConnectionResetError):
+            conn.sock.send(json_frame({"error": reason}))
+        except OSError:
             pass
+
+    def _drop(self, conn, error):
+        """Close `conn` for breaking the protocol, telling it why."""
+        reason = f"protocol error: {error}"
+        if not conn.closed:
+            self._send_last_words(conn, reason)
+        self._close(conn, reason)
+
+    def _close(self, conn, reason):
+        if conn.closed:
+            return
+        if reason:
+            self.log(f"closed {conn}: {reason}")
+        conn.closed = True
+        if conn.events:
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+        for _data, fds in conn.outbox:
+            for f in fds:
+                f.close()
+        conn.outbox.clear()
+        conn.inbox.clear()
+        self.blocked = [b for b in self.blocked if b[0] is not conn]
+        self.connections_of[conn.uid] -= 1
+        if not self.connections_of[conn.uid]:
+            del self.connections_of[conn.uid]
 
     # --- /dev/kfd -------------------------------------------------------------------------------
     def _open(self, conn):
@@ -141,17 +323,14 @@ class SimServer:
         self.kfd.release_process(pid)
         self.kfd.timing.settle()
 
-    def _ioctl(self, conn, body):
-        request, caller_pid, arg_len, n_regions = IOCTL.unpack_from(body)
-        offset = IOCTL.size
-        arg = body[offset:offset + arg_len]
-        regions, _ = unpack_regions(body, offset + arg_len, n_regions)
+    def _ioctl(self, conn, request, caller_pid, arg, regions):
         # no KFD process behind a connection that never opened: the kernel decides (nr, then EBADF)
         proc = self.kfd.processes.get(conn.pid) if conn.kfd_open else None
         mem = UserMemory(regions)
         try:
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, conn.uid)
         except Blocked as blocked:
+            conn.sleeping = True
             self.blocked.append((conn, blocked, bytes(arg)))
             return
         except Exception:                      # a simulator bug must not take the machine down
@@ -164,13 +343,7 @@ class SimServer:
         fds = self.kfd.smi.pending_fds
         self.kfd.smi.pending_fds = []
         msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds)) + out + pack_regions(regions.items()))
-        if fds:
-            socket.send_fds(conn.sock, [msg[:1]], [f.fileno() for f in fds])
-            conn.sock.sendall(msg[1:])
-            for f in fds:
-                f.close()
-        else:
-            conn.sock.sendall(msg)
+        self._send(conn, msg, fds)
 
     def _retry_blocked(self):
         while True:
@@ -185,10 +358,10 @@ class SimServer:
                 except SimErrno as e:
                     ret = -e.errno
                 self.kfd.timing.settle()
-                try:
-                    self._reply(conn, ret, out, {})
-                except OSError:
-                    pass
+                conn.sleeping = False
+                self._reply(conn, ret, out, {})
+                self._take_requests(conn)
+                self._watch(conn)
 
     def _forget(self, sock):
         try:
@@ -211,13 +384,20 @@ class SimServer:
             return {"error": f"permission denied: simulated {self.dir.name} belongs to uid {os.getuid()}; "
                              f"its control channel is the owner's (or root's)"}
         op = msg.get("op")
-        handler = getattr(self, f"ctl_{op}", None)
+        handler = getattr(self, f"ctl_{op}", None) if isinstance(op, str) else None
         if handler is None:
             return {"error": f"unknown control op {op!r}"}
         try:
             return {"ok": True, **(handler(conn, msg) or {})}
-        except (KeyError, ValueError, SimErrno) as e:
-            return {"error": str(e) or type(e).__name__}
+        except KeyError as e:
+            return {"error": f"control op {op!r}: missing field {e.args[0]!r}"}
+        except (ValueError, TypeError, AttributeError, OverflowError) as e:     # a field of the wrong kind
+            return {"error": f"control op {op!r}: {e}"}
+        except SimErrno as e:
+            return {"error": f"control op {op!r}: {e or type(e).__name__}"}
+        except Exception:                      # a simulator bug must not take the machine down
+            traceback.print_exc()
+            return {"error": f"control op {op!r}: internal simulator error (see server.log)"}
 
     def _proc(self, msg):
         proc = self.kfd.processes.get(int(msg["pid"]))
@@ -251,6 +431,8 @@ class SimServer:
             gpu = int(spec["gpu_id"])
             self.kfd.device(gpu)
             qid = proc.lowest_free_qid()
+            if qid is None:                        # the kernel's per-process qid bitmap is full
+                raise ValueError(f"pid {pid} already has {len(proc.queues)} queues, the most a process may have")
             q = SimQueue(qid, gpu, int(spec.get("type", 2)), 0x7F00_0000_0000 + qid * 0x10_0000,
                          int(spec.get("ring_size", 1 << 20)), 0, 0, 0, 0, 0, 100, int(spec.get("priority", 7)))
             q.exception_status = 0
@@ -338,6 +520,10 @@ def main(argv=None):
     parser.add_argument("--no-realtime", action="store_true", help="do not sleep for modelled latencies")
     parser.add_argument("--patched-preempt", action="store_true",
                         help="emulate a patched kernel with the non-upstream PREEMPT_QUEUE/RESUME_QUEUE 0x87/0x88")
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                        help=f"client connections at once, all users (default {MAX_CONNECTIONS})")
+    parser.add_argument("--max-connections-per-uid", type=int, default=MAX_CONNECTIONS_PER_UID, metavar="N",
+                        help=f"client connections at once, per user (default {MAX_CONNECTIONS_PER_UID})")
     args = parser.parse_args(argv)
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)    # one pidfd per simulated process
@@ -348,7 +534,8 @@ def main(argv=None):
         params[name] = int(value) if value.lstrip("-").isdigit() else value
     try:
         server = SimServer(args.dir, args.preset, args.abi, params, realtime=not args.no_realtime,
-                           patched_preempt=args.patched_preempt)
+                           patched_preempt=args.patched_preempt, max_connections=args.max_connections,
+                           max_connections_per_uid=args.max_connections_per_uid)
     except KeyError as e:
         print(f"kfdtool-sim: {e.args[0]}", file=sys.stderr)
         return 2

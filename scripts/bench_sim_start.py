@@ -1,0 +1,102 @@
+"""How long `kfdtool sim start PRESET` takes, for every preset: the first start in an empty
+state directory (it builds the sysfs tree) and the starts after it (the tree is kept while current).
+
+    python scripts/bench_sim_start.py [--restarts 5] [--out results/bench_sim_start.json]
+    python scripts/bench_sim_start.py --table results/bench_sim_start.json results/bench_sim_start_before.json
+
+Each start is the real command in a subprocess, timed from exec to exit (it returns once the
+server is ready), followed by `kfdtool sim stop`. The state directory is a fresh one under --dir
+(default: the system's temporary directory); its filesystem is recorded, since the first start
+is dominated by creating thousands of files there.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import provenance  # noqa: E402
+
+TARGET_S = 1.0          # issue 9: `kfdtool sim start` in at most a second for every preset
+
+
+def kfdtool(*args, env):
+    t0 = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "kfdtool", *args], env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if result.returncode != 0:
+        sys.exit(f"kfdtool {' '.join(args)} failed: {result.stderr.strip()}")
+    return elapsed
+
+
+def filesystem_of(path):
+    try:
+        out = subprocess.run(["df", "--output=fstype", str(path)], capture_output=True, text=True, timeout=10)
+        return out.stdout.split()[-1] if out.returncode == 0 else None
+    except OSError:
+        return None
+
+
+def table(after, before):
+    """The README table: this version's starts next to an earlier version's (same script)."""
+    rows_after, rows_before = (json.loads(Path(p).read_text()) for p in (after, before))
+    earlier = {r["preset"]: r for r in rows_before["presets"]}
+    lines = ["| preset | first start | restarts, median (max) | before: first start | before: restarts |",
+             "|---|---|---|---|---|"]
+    for r in rows_after["presets"]:
+        was = earlier.get(r["preset"])
+        before = f"{was['first_start_s']:.2f} s | {was['restart_median_s']:.2f} s" if was else "– | –"
+        lines.append(f"| {r['preset']} | {r['first_start_s']:.2f} s | {r['restart_median_s']:.2f} s "
+                     f"({r['restart_max_s']:.2f} s) | {before} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--restarts", type=int, default=5, help="starts after the first, per preset")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the fresh state directory goes")
+    parser.add_argument("--out", default="results/bench_sim_start.json")
+    parser.add_argument("--table", nargs=2, metavar=("RESULTS", "EARLIER_RESULTS"),
+                        help="print the README table of these results files")
+    args = parser.parse_args()
+    if args.table:
+        print(table(*args.table), end="")
+        return 0
+    load_at_start = os.getloadavg()[0]      # other work on the host skews every number
+    from kfdtool.sim.machine import PRESETS
+    state = Path(tempfile.mkdtemp(prefix="kfdtool-bench-start-", dir=args.dir))
+    env = {**os.environ, "KFDTOOL_SIM_DIR": str(state)}
+    rows = []
+    try:
+        for preset in PRESETS:
+            first = kfdtool("sim", "start", preset, env=env)
+            kfdtool("sim", "stop", preset, env=env)
+            again = []
+            for _ in range(args.restarts):
+                again.append(kfdtool("sim", "start", preset, env=env))
+                kfdtool("sim", "stop", preset, env=env)
+            row = {"preset": preset, "first_start_s": round(first, 3),
+                   "restart_median_s": round(statistics.median(again), 3), "restart_max_s": round(max(again), 3),
+                   "restarts_within_target": max(again) <= TARGET_S}
+            rows.append(row)
+            print(f"{preset:12} first start {first:6.2f} s   restart median {row['restart_median_s']:.2f} s  "
+                  f"max {row['restart_max_s']:.2f} s")
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    doc = {**provenance(), "target_s": TARGET_S, "restarts_per_preset": args.restarts,
+           "state_dir_filesystem": filesystem_of(args.dir), "load_average_at_start": load_at_start,
+           "presets": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(r["restarts_within_target"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
