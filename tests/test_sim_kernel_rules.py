@@ -17,6 +17,7 @@ from kfdtool import errors
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.requests import BY_NAME
+from kfdtool.sim.workload import save_area_sizes
 from simhelpers import Client, in_child, start
 
 EVICTION = c.KFD_SMI_EVENT_QUEUE_EVICTION
@@ -231,7 +232,8 @@ def test_wave_state_header_into_ordinary_memory_follows_the_mqd(client):
     ws = s.kfd_ioctl_get_queue_wave_state_args(ctl_stack_address=ctypes.addressof(buf), queue_id=qid)
     client.kfd.ioctl("GET_QUEUE_WAVE_STATE", ws)
     header = s.kfd_context_save_area_header_wave_state.from_buffer_copy(bytes(buf)[:16])
-    node_ctl_stack = client.rt.topology.find_gpu(client.gpus[0]).props["ctl_stack_size"]
+    # the ctl_stack_size the queue was created with (published in sysfs, or libhsakmt's own computation)
+    node_ctl_stack = save_area_sizes(client.rt.topology.find_gpu(client.gpus[0]).props)[1]
     assert ws.ctl_stack_used_size > 0 and ws.save_area_used_size > 0
     assert header.control_stack_size == ws.ctl_stack_used_size
     assert header.wave_state_size == ws.save_area_used_size
@@ -274,7 +276,8 @@ def test_suspend_writes_the_same_header_into_the_cwsr_area(client):
     client.kfd.ioctl("GET_QUEUE_WAVE_STATE", ws)
     data = client.ctl("read_memory", pid=os.getpid(), addr=ws.ctl_stack_address, length=16)["data"]
     header = s.kfd_context_save_area_header_wave_state.from_buffer_copy(bytes.fromhex(data))
-    node_ctl_stack = client.rt.topology.find_gpu(client.gpus[0]).props["ctl_stack_size"]
+    # the ctl_stack_size the queue was created with (published in sysfs, or libhsakmt's own computation)
+    node_ctl_stack = save_area_sizes(client.rt.topology.find_gpu(client.gpus[0]).props)[1]
     assert (header.control_stack_size, header.wave_state_size) == (ws.ctl_stack_used_size, ws.save_area_used_size)
     assert header.wave_state_offset == node_ctl_stack + ws.save_area_used_size
     client.dbg("DISABLE")

@@ -47,7 +47,7 @@ class FakeRuntime:
             ring_base_address=ring, write_pointer_address=wptr, read_pointer_address=rptr, ring_size=ring_size,
             gpu_id=gpu_id, queue_type=queue_type, queue_percentage=100, queue_priority=priority)
         compute = queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
-        sizes = _save_area_sizes(self.topology.find_gpu(gpu_id).props) if compute else None
+        sizes = save_area_sizes(self.topology.find_gpu(gpu_id).props) if compute else None
         if sizes:
             ctx_save_restore_size, ctl_stack_size, mapping = sizes
             args.ctx_save_restore_address = self.alloc(gpu_id, mapping)
@@ -72,7 +72,7 @@ class FakeRuntime:
         self.handles.clear()
 
 
-def _save_area_sizes(props):
+def save_area_sizes(props):
     """(ctx_save_restore_size, ctl_stack_size, bytes to map) for a compute queue, chosen as
     libhsakmt does (queues.c: update_ctx_save_restore_size): the node's published cwsr_size and
     ctl_stack_size where sysfs has them, else its own copy of the kernel's computation (here the
