@@ -15,6 +15,7 @@ class FakeGPU:
         self.queued_for = {}
         self.launched_at = []
         self.events_recorded = 0
+        self.pending_events = []           # recorded, not yet passed (launch_ahead moves them)
         self.initialized = True            # torch.cuda.is_initialized(): a process that used the GPU
 
     def launch(self, name, seconds):
@@ -26,6 +27,20 @@ class FakeGPU:
             self.launched_at.append(now)            # CPU time of the launch
             self.queued_for[len(self.launched) - 1] = start - now      # GPU work ahead of it
             return self.busy_until
+
+    def launch_ahead(self, name, seconds):
+        """A kernel the GPU runs before work already queued (another process's time slice, a
+        higher-priority stream): everything queued, and every event recorded after it, moves later."""
+        with self.lock:
+            now = time.monotonic()
+            self.busy_until = max(now, self.busy_until) + seconds
+            self.launched.append((name, now, now + seconds))
+            self.launched_at.append(now)
+            self.queued_for[len(self.launched) - 1] = 0.0
+            waiting = [e for e in self.pending_events if e.at > now]
+            for event in waiting:
+                event.at += seconds
+            self.pending_events = waiting
 
 
 def make(gpu):
@@ -73,6 +88,7 @@ def make(gpu):
             with gpu.lock:
                 gpu.events_recorded += 1
                 self.at = gpu.busy_until
+                gpu.pending_events.append(self)
 
         def query(self):
             return self.at is not None and time.monotonic() >= self.at

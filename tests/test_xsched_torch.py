@@ -130,6 +130,38 @@ def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
     hp.close()
 
 
+def test_higher_priority_work_run_ahead_of_ours_is_not_learned_as_ours(torch_fake):
+    """A client above us starts a request while our window waits, and the GPU runs its kernels ahead
+    of ours (a time slice, a higher-priority stream). That interval is not our GPU time: learned as
+    ours, it would shrink our segments and starve our GPU long after the request (seen on an H200:
+    a GPU-bound batch job lost 18 % next to a service busy 7 % of the time)."""
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 40, 0.0004)
+    hp = other_client(xt, priority=10)
+    hp_requests = []
+
+    def serve():
+        for _ in range(4):
+            time.sleep(0.01)
+            hp.begin_request()
+            gpu.launch_ahead("hp", 0.005)
+            hp_requests.append(time.monotonic())
+            hp.end_request()
+    with xt.client(priority=0, window_us=2000) as gate:
+        m(None)                                   # learns 0.4 ms per leaf while nothing else runs
+        learned = []                              # every per-leaf GPU time the window learns from
+        real_learn = gate.window._learn
+        gate.window._learn = lambda us: (learned.append(us), real_learn(us))
+        service = threading.Thread(target=serve)
+        service.start()
+        while service.is_alive():
+            m(None)
+        service.join()
+        assert len(hp_requests) == 4 and gate.waits >= 1
+        assert learned and max(learned) < 1500   # µs per leaf: about 400, never a share of the HP's 5 ms
+    hp.close()
+
+
 def test_request_activity_marks_the_board(torch_fake):
     torch, gpu, xt = torch_fake
     m = model(torch, "k", 5, 0.01)

@@ -110,6 +110,10 @@ class Gate:
             self._set_mode(any(p > mine for p in peers), any(p < mine for p in peers))
         else:                                       # shares, deadlines: everyone may have to yield
             self._set_mode(bool(peers), bool(peers))
+        if self.window is not None:
+            # another client started or ended work: an interval across this change may hold its GPU
+            # time (its kernels between ours), which would inflate the learned time per command
+            self.window.paused()
         if self.guarded:
             decision = self.policy.decide(states, now)
             self._may_run = self.slot in decision.run
@@ -228,7 +232,10 @@ class Gate:
             if window.over():                          # the GPU is behind by more than the window
                 self.blocked_syncs += 1
                 recorder.wait(window.pending[0][0])
-                window.retire(recorder.done, waited_at=time.monotonic())
+                waited_at = time.monotonic()
+                if self.board_generation[0] != self.seen_generation:
+                    window.paused()                    # another client's work may be in this interval
+                window.retire(recorder.done, waited_at=waited_at)
             self._per_sync = window.commands_per_sync(self._per_sync, kept_up)
 
     def _wait_turn(self, start):

@@ -127,7 +127,8 @@ class ProgressiveWindow:
             first = False
 
     def paused(self):
-        """The client was held back: an interval reaching across the pause is not GPU work."""
+        """The client was held back, or another client's activity changed: an interval reaching
+        across this point is not (only) this client's GPU work, and is not learned from."""
         self._chain_at = None
 
     def _learn(self, measured_us):
