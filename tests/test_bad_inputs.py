@@ -74,7 +74,7 @@ CASES = [
 ENV_CASES = [            # the same commands, held wrong through the environment
     ({"XSCHED_LV3_BOARD": "{tmp}"}, X + ["status"]), ({"XSCHED_LV3_BOARD": "{tmp}/missing/board"}, X + ["status"]),
     ({"XSCHED_LV3_BOARD": "{tmp}/notes.txt"}, X + ["status"]),
-    ({"XSCHED_LV3_BOARD": "{tmp}/notes.txt"}, X + ["run", "--", "true"]),
+    ({"XSCHED_LV3_BOARD": "{tmp}/notes.txt"}, X + ["run", "--", "false"]),   # runs unscheduled: false's status, one warning
     ({"KFDTOOL_SYSFS_ROOT": "/nonexistent"}, K + ["topology"]), ({"KFDTOOL_SYSFS_ROOT": "/etc/hostname"}, K + ["queues"]),
 ]
 

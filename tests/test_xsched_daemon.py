@@ -200,14 +200,53 @@ def test_bad_board_paths_and_programs_are_one_line_and_touch_nothing(tmp_path):
         ({"XSCHED_LV3_BOARD": str(tmp_path)}, ["status"], "Is a directory"),
         ({"XSCHED_LV3_BOARD": str(tmp_path / "missing" / "board")}, ["status"], "No such file or directory"),
         ({"XSCHED_LV3_BOARD": str(notes)}, ["status"], "is not an xsched_lv3 board"),
-        ({"XSCHED_LV3_BOARD": str(notes)}, ["run", "--", "true"], "is not an xsched_lv3 board"),
         ({"XSCHED_LV3_BOARD": str(tmp_path / "board")}, ["run", "--", str(script)], "permission denied"),
     ]
     for extra, args, needle in cases:
         result = xsched(*args, env=dict(os.environ, **extra))
         assert result.returncode == 1 and needle in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    # `run` with an unusable board: the job still runs (unscheduled), with one warning
+    result = xsched("run", "--", sys.executable, "-c", "print('ran')", env=dict(os.environ, XSCHED_LV3_BOARD=str(notes)))
+    assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+    assert result.stderr.count("\n") == 1 and "is not an xsched_lv3 board; running" in result.stderr
     assert notes.read_text() == "somebody's notes\n"          # never overwritten by a board
+
+
+def test_a_full_board_leaves_the_program_running_unscheduled(tmp_path):
+    """32 clients already registered: `import torch` under `run` must not raise; one warning."""
+    from xsched_lv3.board import SLOTS, Board
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH_PKG)
+    board = Board(tmp_path / "board")
+    for _ in range(SLOTS):
+        board.allocate(os.getpid())               # alive: never reaped
+    program = "import torch, xsched_lv3.pytorch as xt\nprint('ran', xt._process_gate)\n"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), XSCHED_LV3_BOARD=str(tmp_path / "board"))
+    result = xsched("run", "--", sys.executable, "-c", program, env=env)
+    assert result.returncode == 0 and result.stdout.split() == ["ran", "None"], result.stderr
+    assert result.stderr.count("\n") == 1 and "no free slot" in result.stderr and "unscheduled" in result.stderr
+
+
+def test_a_board_another_user_could_have_placed_is_refused(tmp_path):
+    """A predictable name in a shared directory: a symlink there is never followed (it pointed
+    another user's victim at a file of theirs), a file writable by others or hard-linked is
+    refused, and a new board is created 0600."""
+    from xsched_lv3.board import Board, BoardUnusable
+    fresh = Board(tmp_path / "fresh")
+    assert (os.stat(tmp_path / "fresh").st_mode & 0o777) == 0o600
+    fresh.close()
+    target = tmp_path / "precious"
+    target.write_text("root's file\n")
+    os.symlink(target, tmp_path / "link")
+    shared = tmp_path / "shared"
+    Board(shared).close()
+    os.chmod(shared, 0o666)
+    os.link(tmp_path / "fresh", tmp_path / "hard")
+    for name, needle in (("link", "symbolic link"), ("shared", "writable by other users"), ("hard", "2 links")):
+        with pytest.raises(BoardUnusable, match=needle):
+            Board(tmp_path / name)
+    assert target.read_text() == "root's file\n"
 
 
 def test_run_drops_hints_it_was_not_given(tmp_path):

@@ -9,10 +9,12 @@ rather than a counter: two writers racing on an increment could leave the value 
 and the change would go unseen; a fresh value is never the old one (but with odds of 2**-64).
 Slot allocation takes an flock. Slots of dead pids are reclaimed.
 """
+import errno
 import fcntl
 import mmap
 import os
 import random
+import stat
 import struct
 import time
 from contextlib import contextmanager
@@ -41,23 +43,60 @@ def default_path():
     return os.environ.get("XSCHED_LV3_BOARD") or f"{base}/xsched-lv3-{os.getuid()}.{MAGIC[-3:].decode()}.board"
 
 
+class BoardUnusable(ValueError):
+    """The board's path names something we must not use as our board."""
+
+
+def _open_private(path):
+    """Open (creating it if absent) a board file only its owner can write, refusing anything
+    another user could have placed at this predictable name in a shared directory (/dev/shm is
+    world-writable): a symlink (never followed), a file of another owner or writable by others
+    (forged slots would hold our clients back), a hard link (a name for some other file)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise BoardUnusable(f"{path} is a symbolic link: refusing it as a board") from None
+            raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BoardUnusable(f"{path} is not a regular file: refusing it as a board")
+        if st.st_uid != os.geteuid():
+            raise BoardUnusable(f"{path} belongs to uid {st.st_uid}, not to us: refusing it as a board "
+                                "(set XSCHED_LV3_BOARD to a path of your own)")
+        if st.st_mode & 0o022:
+            raise BoardUnusable(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
+                                "refusing it as a board")
+        if st.st_nlink != 1:
+            raise BoardUnusable(f"{path} has {st.st_nlink} links: refusing it as a board")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Board:
     def __init__(self, path=None):
         self.path = Path(path or default_path())
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_private(self.path)
         try:
             if os.fstat(fd).st_size < SIZE:
                 with _flock(fd):
                     size = os.fstat(fd).st_size
                     if size and os.pread(fd, len(MAGIC), 0) != MAGIC:
-                        raise ValueError(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
+                        raise BoardUnusable(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
                     if size < SIZE:
                         os.ftruncate(fd, SIZE)
                         os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0), 0)
             self.mm = mmap.mmap(fd, SIZE)
             if self.mm[:8] != MAGIC:
                 self.mm.close()
-                raise ValueError(f"{self.path} is not an xsched_lv3 board")
+                raise BoardUnusable(f"{self.path} is not an xsched_lv3 board")
         except BaseException:
             os.close(fd)
             raise

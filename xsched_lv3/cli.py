@@ -82,10 +82,15 @@ def cmd_run(args):
             env["XSCHED_LV3_" + name.upper()] = str(check_hint(name, value))
         else:
             env.pop("XSCHED_LV3_" + name.upper(), None)    # a run's hints come from its command line only
-    Board().close()                        # the board is usable: say so here, not in the child at `import torch`
-    boot = str(Path(__file__).parent / "_boot")
-    env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
-    env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
+    try:
+        Board().close()                    # usable: checked here, so the child does not fail at `import torch`
+    except (OSError, ValueError) as e:
+        # the job matters more than its scheduling: it runs, unscheduled, and the user is told once
+        print(f"xsched-lv3: {_board_problem(e)}; running {argv[0]} unscheduled", file=sys.stderr)
+    else:
+        boot = str(Path(__file__).parent / "_boot")
+        env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
+        env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
@@ -122,6 +127,13 @@ def cmd_hint(args):
     return 0
 
 
+def _board_problem(error):
+    """One line for what is wrong with the board (an OSError names the path and the reason)."""
+    if isinstance(error, OSError):
+        return f"board {error.filename + ': ' if error.filename else ''}{error.strerror or error}"
+    return str(error)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
@@ -132,7 +144,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         return 130
     except OSError as e:                   # the board's path: a directory, a missing folder, ...
-        print(f"xsched-lv3: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        print(f"xsched-lv3: {_board_problem(e)}", file=sys.stderr)
         return 1
 
 

@@ -167,10 +167,15 @@ def enable_for_process():
         if os.environ.get(env):
             hints[name] = float(os.environ[env])
     window = os.environ.get("XSCHED_LV3_WINDOW_US")
-    _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
-                         os.environ.get("XSCHED_LV3_POLICY", "hpf"),
-                         DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
-                         **hints)
+    try:
+        _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
+                             os.environ.get("XSCHED_LV3_POLICY", "hpf"),
+                             DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
+                             **hints)
+    except (OSError, ValueError, RuntimeError) as e:    # board unusable or full (`run` checked it before)
+        # never fail the program's `import torch` over scheduling: it runs unscheduled, told once
+        print(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled", file=sys.stderr)
+        return None
     atexit.register(_process_gate.close)     # its slot goes with it, after the report (atexit is LIFO)
     if os.environ.get("XSCHED_LV3_REPORT"):
         atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
