@@ -3,8 +3,20 @@ import os
 import selectors
 
 
+def process_state(pid):
+    """The state letter from /proc/PID/stat ('R', 'S', 'D', 'T' stopped, 't' stopped by a tracer,
+    'Z' zombie, ...), or None where this /proc does not show the process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return chr(data[data.rindex(b")") + 2])      # after "(comm)", which may hold spaces and ')'
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def alive(pid):
-    """True if `pid` exists (even if it belongs to another user)."""
+    """True if `pid` exists and has not exited (even if it belongs to another user). A zombie has
+    exited: its memory, fds and GPU queues are gone, only its exit status waits for its parent."""
     if pid <= 0:
         return False
     try:
@@ -12,8 +24,13 @@ def alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return process_state(pid) not in ("Z", "X")
+
+
+def stopped(pid):
+    """True while `pid` is stopped (SIGSTOP, SIGTSTP, or held by a tracer)."""
+    return process_state(pid) in ("T", "t")
 
 
 class ExitWatch:

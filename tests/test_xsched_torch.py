@@ -130,36 +130,68 @@ def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
     hp.close()
 
 
-def test_higher_priority_work_run_ahead_of_ours_is_not_learned_as_ours(torch_fake):
-    """A client above us starts a request while our window waits, and the GPU runs its kernels ahead
-    of ours (a time slice, a higher-priority stream). That interval is not our GPU time: learned as
-    ours, it would shrink our segments and starve our GPU long after the request (seen on an H200:
-    a GPU-bound batch job lost 18 % next to a service busy 7 % of the time)."""
-    torch, gpu, xt = torch_fake
-    m = model(torch, "k", 40, 0.0004)
-    hp = other_client(xt, priority=10)
-    hp_requests = []
+class ScriptedGPU:
+    """A recorder on a scripted clock: each sync point's segment takes `per_segment_s` of GPU time,
+    and a wait may run `on_wait` (another client's arrival) and add its GPU time first."""
+    def __init__(self, per_segment_s):
+        self.now, self.per_segment_s, self.handles, self.on_wait = 100.0, per_segment_s, 0, None
+        self.passed = 0                            # the GPU has completed every sync point up to this one
 
-    def serve():
-        for _ in range(4):
-            time.sleep(0.01)
-            hp.begin_request()
-            gpu.launch_ahead("hp", 0.005)
-            hp_requests.append(time.monotonic())
-            hp.end_request()
-    with xt.client(priority=0, window_us=2000) as gate:
-        m(None)                                   # learns 0.4 ms per leaf while nothing else runs
-        learned = []                              # every per-leaf GPU time the window learns from
-        real_learn = gate.window._learn
-        gate.window._learn = lambda us: (learned.append(us), real_learn(us))
-        service = threading.Thread(target=serve)
-        service.start()
-        while service.is_alive():
-            m(None)
-        service.join()
-        assert len(hp_requests) == 4 and gate.waits >= 1
-        assert learned and max(learned) < 1500   # µs per leaf: about 400, never a share of the HP's 5 ms
+    def monotonic(self):
+        return self.now
+
+    def record(self):
+        self.handles += 1
+        return self.handles
+
+    def done(self, handle):
+        return handle <= self.passed               # the GPU is behind: a sync point completes when waited for
+
+    def wait(self, handle):
+        extra = self.on_wait() if self.on_wait else 0.0
+        self.on_wait = None
+        self.now += self.per_segment_s + extra
+        self.passed = handle
+
+    def device_key(self):
+        return 7
+
+
+def test_higher_priority_work_run_ahead_of_ours_is_not_learned_as_ours(torch_fake, monkeypatch):
+    """A client above us starts a request while our window waits, and the GPU runs its kernels ahead
+    of ours (a time slice, a higher-priority stream): that wait lasts its 5 ms longer. The interval is
+    not our GPU time: learned as ours, it would shrink our segments and starve our GPU long after
+    the request (seen on an H200: a GPU-bound batch job lost 18 % next to a service busy 7 % of the
+    time)."""
+    torch, gpu, xt = torch_fake
+    import xsched_lv3.gate as gate_module
+    from xsched_lv3.gate import Gate
+    clock = ScriptedGPU(per_segment_s=0.0008)
+    monkeypatch.setattr(gate_module.time, "monotonic", clock.monotonic)
+    hp = Gate(clock, priority=10, window_us=None)
+    lp = Gate(clock, priority=0, window_us=2000)
+    assert lp.guarded
+    learned = []
+    real_learn = lp.window._learn
+    lp.window._learn = lambda us: (learned.append(us), real_learn(us))
+
+    def sync_points(n):
+        for _ in range(n):
+            lp._leaves = 2
+            lp._per_sync = 2
+            lp._sync_point()
+    sync_points(6)
+    assert learned and all(abs(us - 400) < 1 for us in learned)     # 0.8 ms per 2 leaves, back to back
+
+    def hp_arrives():
+        hp.begin_request()                         # marks it active on the board
+        return 0.005                               # its kernels run ahead of our queued ones
+    learned.clear()
+    clock.on_wait = hp_arrives
+    sync_points(3)
+    assert max(learned, default=0) < 1000          # nothing of the HP's 5 ms taken for ours
     hp.close()
+    lp.close()
 
 
 def test_request_activity_marks_the_board(torch_fake):
@@ -400,3 +432,51 @@ def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
     assert len(refreshes) < 60                   # woken by timeouts of 5 ms at most, not polling (~2,000)
     hp.close()
     lp.close()
+
+
+HOLDER = """
+import os, signal, sys
+from xsched_lv3.board import Board
+board = Board(sys.argv[1])
+slot = board.allocate(os.getpid(), 10, 0, int(sys.argv[2]))
+board.set_active(slot, True)                      # a request in progress: lower clients are held
+print("active", flush=True)
+if sys.argv[3] == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+os._exit(0)                                       # gone without releasing its slot
+"""
+
+
+@pytest.mark.parametrize("fate", ["stop", "exit"])
+def test_a_stopped_or_zombie_high_priority_process_holds_nobody_for_long(torch_fake, tmp_path, fate):
+    """An HP marked active, then SIGSTOPped (a debugger, ^Z) or exited and not yet reaped by its
+    parent (a zombie, which kill(pid, 0) still finds): the held client goes on within a bound
+    (REAP_EVERY_S plus a poll), instead of for as long as the HP stays stopped or unreaped."""
+    import os
+    import signal
+    import subprocess
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.gate import REAP_EVERY_S, Gate
+    lp = Gate(xt.TorchRecorder(), priority=0, window_us=None)
+    hp = subprocess.Popen([sys.executable, "-c", HOLDER, os.environ["XSCHED_LV3_BOARD"], str(lp.device), fate],
+                          stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        assert hp.stdout.readline() == "active\n"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _state(hp.pid) not in ("T", "Z"):
+            time.sleep(0.01)                      # stopped, or exited and left a zombie (never polled)
+        assert _state(hp.pid) == ("T" if fate == "stop" else "Z")
+        lp._refresh(time.monotonic())
+        assert not lp._may_run                    # its slot still says active
+        start = time.monotonic()
+        lp.check()
+        assert time.monotonic() - start < REAP_EVERY_S + 0.5
+    finally:
+        os.kill(hp.pid, signal.SIGKILL)           # a zombie ignores it; wait() reaps either
+        hp.wait()
+        lp.close()
+
+
+def _state(pid):
+    from kfdtool.pids import process_state
+    return process_state(pid) or "?"

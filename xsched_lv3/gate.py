@@ -23,6 +23,9 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
+
+from kfdtool.pids import stopped
 
 from .board import Board
 from .policy import check_hint, make_policy, shares_device
@@ -78,6 +81,10 @@ class Gate:
         self._open = 0                             # requests begun and not yet ended (all threads)
         self._pid = os.getpid()
         self._others_here = False                  # every other active client is in this process
+        # (slot, ready_since) of activations whose process was found stopped (SIGSTOP, a debugger): they
+        # hold nobody, or a stopped high-priority process would hold every lower one for as long as it
+        # stays stopped. Keyed by the activation, so the same client's next request counts again.
+        self._excused = set()
         self._last_reap = time.monotonic()
         self._watch = deque()
         self._watch_cv = threading.Condition()
@@ -98,6 +105,8 @@ class Gate:
             self.policy = make_policy(board_policy)
         self.seen_generation = self.board_generation[0]   # before the states: a write during the read shows next time
         states = board.states()
+        if self._excused:
+            states = [replace(q, ready=False) if (q.id, q.ready_since) in self._excused else q for q in states]
         self._others_here = all(q.pid == self._pid for q in states if q.ready and q.id != self.slot)
         me = next((q for q in states if q.id == self.slot), None)
         if me is None:                              # our slot was released under us (a daemon restart)
@@ -258,7 +267,8 @@ class Gate:
                 poll = min(POLL_MAX_S, poll * 2)
             now = time.monotonic()
             if now - last_reap > REAP_EVERY_S:
-                self.board.reap()                 # a dead client must not hold us back forever
+                self.board.reap()                 # a dead (or zombie) client must not hold us back forever
+                self._excused = {(q.id, q.ready_since) for q in self.board.states() if q.ready and stopped(q.pid)}
                 last_reap = now
             self._refresh(now)
         self.held_s += time.monotonic() - start
