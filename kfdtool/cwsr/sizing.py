@@ -51,13 +51,20 @@ def formula(props):
         return None
     num_xcc, arrays_per_engine = num_xcc or 1, arrays_per_engine or 1
     cu_num = simd_count // simd_per_cu // num_xcc
+    # The kernel keeps array_count per XCC and node_show prints it times num_xcc
+    # (kfd_topology.c: node_show), so the published value is divided back.
     array_count //= num_xcc
+    # kfd_queue.c: get_num_waves, the newest kernels (7.2; it came with GFX 12.5 support, before
+    # which every version from 100100 up got cu_num * 32): 0 waves, with a WARN, for a version
+    # above 120501. Its control stack then holds the header alone and its debugger area is empty.
     if gfxv < 100100:
         wave_num = min(cu_num * 40, array_count // arrays_per_engine * 512)
     elif gfxv < 120500:
         wave_num = cu_num * 32
-    else:
+    elif gfxv <= 120501:
         wave_num = cu_num * 64
+    else:
+        wave_num = 0
     if gfxv in (90402, 90010, 90008, 90500, 120500, 120501):
         vgpr = 0x80000
     elif gfxv in (110000, 110001, 110501, 120000, 120001):

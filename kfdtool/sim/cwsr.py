@@ -8,8 +8,9 @@ later) and checks every compute CREATE_QUEUE against them (kfd_queue.c: kfd_queu
 This is the simulator's own reading of that kernel function, kept independent of kfdtool's
 formula (kfdtool/cwsr/sizing.py): the simulator stands for the kernel, so a test that the two
 agree checks kfdtool against the kernel instead of against itself. It reads the node properties
-the kernel publishes, which are the kernel's node_props (array_count as published, i.e. for the
-whole node, exactly as kfd_queue_ctx_save_restore_size uses it). Sizes assume 4 KiB pages (x86-64).
+the kernel publishes, which are the kernel's node_props as node_show prints them: all as kept,
+except array_count, which node_show prints multiplied by the node's XCC count while node_props
+(and so kfd_queue_ctx_save_restore_size) keeps it per XCC. Sizes assume 4 KiB pages (x86-64).
 """
 from collections import namedtuple
 
@@ -29,8 +30,9 @@ def _round_up(value, to):
 
 
 def _waves(gfxv, cu_num, array_count, arrays_per_engine):
-    """get_num_waves: the wave slots whose control-stack entries must fit. Zero (the kernel
-    WARNs) for a gfx version newer than it knows."""
+    """kfd_queue.c: get_num_waves: the wave slots whose control-stack entries must fit, from
+    the per-XCC CU count and the per-XCC shader array count. Zero (the kernel WARNs) for a gfx
+    version newer than it knows (above 120501)."""
     if gfxv < 100100:
         return min(cu_num * 40, array_count // arrays_per_engine * 512)
     if gfxv < 120500:
@@ -66,7 +68,8 @@ def node_cwsr(props):
         return None
     num_xcc = props.get("num_xcc") or 1          # NUM_XCC(xcc_mask): published as num_xcc
     cu_num = props.get("simd_count", 0) // simd_per_cu // num_xcc
-    waves = _waves(gfxv, cu_num, props.get("array_count", 0), arrays_per_engine)
+    # node_show prints node_props.array_count * NUM_XCC (kfd_topology.c: node_show); undo it
+    waves = _waves(gfxv, cu_num, props.get("array_count", 0) // num_xcc, arrays_per_engine)
     wg_data_size = _round_up(cu_num * _context_bytes_per_cu(gfxv, props.get("lds_size_in_kb", 0)), PAGE_SIZE)
     ctl_stack_size = _round_up(HEADER_BYTES + waves * (12 if gfxv >= 100100 else 8) + 8, PAGE_SIZE)
     if gfxv // 10000 == 10:

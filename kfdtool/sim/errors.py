@@ -1,5 +1,7 @@
 """How simulated kernel code fails: an errno, like a negative return in the kernel."""
 
+ENOTSUPP = 524       # include/linux/errno.h: kernel-internal, yet CREATE_QUEUE returns it for a bad queue type
+
 
 class SimErrno(Exception):
     def __init__(self, err, why=""):

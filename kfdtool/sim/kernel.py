@@ -9,19 +9,18 @@ import ctypes
 import errno
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import ioctl_opt
 
-from ..errors import ENOTSUPP
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
-from ..sysfs import SysfsRoot
-from ..topology import read_topology
 from .cwsr import node_cwsr
 from .dbg_trap import DbgTrap, ptrace_parent
-from .errors import Blocked, SimErrno
+from .errors import ENOTSUPP, Blocked, SimErrno
 from .memory import BufferObject, UserMemory, access_ok, page_align
+from .nodes import read_gpu_nodes
 from .proc_sysfs import SYSFS_COMPUTE, SYSFS_SDMA, ProcSysfs
 from .smi import SmiHub
 from .state import SimProcess, SimQueue
@@ -36,7 +35,7 @@ KFD_MMAP_TYPE_DOORBELL = 3 << 62
 @dataclass(eq=False)
 class SimDevice:
     gpu_id: int
-    node: object                     # topology.Node
+    node: object                     # nodes.SimNode: the node as the kernel published it
     cwsr: object                     # cwsr.NodeCwsr (what the kernel computed) or None
     cwsr_enabled: bool
     uses_mes: bool                   # gfx11+: MES firmware, no HWS runlists, grace period ignored
@@ -45,7 +44,7 @@ class SimDevice:
 
     @property
     def gfx_target_version(self):
-        return self.node.gfx_target_version or 0
+        return self.node.gfx_target_version
 
     @property
     def svm(self):
@@ -53,7 +52,7 @@ class SimDevice:
 
     @property
     def num_xcc(self):
-        return self.node.props.get("num_xcc", 1) or 1
+        return self.node.num_xcc
 
     @property
     def mqd_per_xcc(self):
@@ -66,17 +65,17 @@ class SimKfd:
         self.profile = profile
         self.abi = profile.abi
         self.params = parameters
-        self.topology = read_topology(sysfs_root)
+        kfd_dir = Path(sysfs_root) / "class" / "kfd" / "kfd"
         self.devices = {}
-        for node in self.topology.for_each_gpu():
-            gfxv = node.gfx_target_version or 0
+        for node in read_gpu_nodes(kfd_dir / "topology"):      # the topology this kernel published
+            gfxv = node.gfx_target_version
             sizes = node_cwsr(node.props)
             self.devices[node.gpu_id] = SimDevice(
                 node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
                 gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
         self.processes = {}
         self.patched_preempt = False
-        self.sysfs = ProcSysfs(SysfsRoot(sysfs_root).proc, profile)
+        self.sysfs = ProcSysfs(kfd_dir / "proc", profile)
         self.smi = SmiHub(profile)
         self.timing = TimingModel(self)
         self._handlers = {
@@ -440,7 +439,7 @@ class SimKfd:
 
     def available_memory(self, proc, a, mem, uid):
         dev = self.device(a.gpu_id)
-        total = sum(b.props.get("size_in_bytes", 0) for b in dev.node.mem_banks) or 64 << 30
+        total = sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
         a.available = max(0, total - sum(p.vram.get(a.gpu_id, 0) for p in self.processes.values()))
         return 0
 

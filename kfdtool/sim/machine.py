@@ -14,8 +14,8 @@ import zlib
 from collections import namedtuple
 from pathlib import Path
 
-from ..sysfs import parse_properties
 from . import ABIS
+from .nodes import parse_properties
 
 # named tuples, not dataclasses: this module is on the start-up path of every `--sim` command
 Preset = namedtuple("Preset", "name capture description derived", defaults=[False])
