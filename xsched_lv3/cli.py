@@ -26,7 +26,9 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("daemon", help="run the multi-process scheduler (unix socket, no TCP)")
     d.add_argument("--policy", default="hpf", choices=list(POLICIES))
-    d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3-<uid>.sock)")
+    d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
+                                    "/tmp/xsched-lv3-<uid>/daemon.sock; a 0700 directory); the daemon holds "
+                                    "PATH.lock while it runs")
     d.set_defaults(run=cmd_daemon)
     r = sub.add_parser("run", help="run a program with its PyTorch work scheduled",
                        description="Run a Python program with its PyTorch work scheduled: hooked at `import "
@@ -58,9 +60,8 @@ def build_parser():
 def cmd_daemon(args):
     from .daemon import Daemon
     daemon = Daemon(args.policy, args.socket)
-    print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, board {daemon.board.path}",
-          flush=True)
-    daemon.serve()
+    daemon.serve(ready=lambda: print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, "
+                                     f"board {daemon.board.path}", flush=True))
     return 0
 
 
@@ -118,13 +119,23 @@ def cmd_hint(args):
     given = {name: getattr(args, name) for name in HINTS if getattr(args, name) is not None}
     if not given:
         raise ValueError("give at least one hint, e.g. --priority 5")
-    for name, value in given.items():
-        check_hint(name, value)
+    values = {name: _hint_from_text(name, text) for name, text in given.items()}   # all checked before any is sent
+    for name, value in values.items():
         reply = request({"op": "hint", "pid": args.pid, "name": name, "value": value}, args.socket)
         if "error" in reply:
             raise ValueError(reply["error"])
-    print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     return 0
+
+
+def _hint_from_text(name, text):
+    """A hint given on the command line: text to a number here, validated by check_hint."""
+    try:
+        value = int(text) if HINTS[name] is int else float(text)
+    except ValueError:
+        kind = "a whole number" if HINTS[name] is int else "a number"
+        raise ValueError(f"--{name.replace('_', '-')} wants {kind}, got {text!r}") from None
+    return check_hint(name, value)
 
 
 def _board_problem(error):

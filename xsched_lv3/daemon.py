@@ -4,26 +4,60 @@ Processes register over a unix socket (no TCP listener); the peer's pid and uid 
 SO_PEERCRED, never from the message. The daemon owns the board's policy, gives each client a slot,
 applies hints (only root or the owner of the target process may change its hints), and notices dead
 clients through pidfds, releasing their slots so nobody waits on them.
-Protocol: one JSON object per line, one reply per request.
+Protocol: one JSON object per line (at most MAX_LINE_BYTES), one reply per request.
+
+Threat model: the daemon is per user, like the board it serves (one board per uid, 0600). Its
+socket is created 0600 (by default in a 0700 directory of ours), and a peer that is neither the
+daemon's user nor root is refused at accept (SO_PEERCRED), should the socket ever be reachable by
+others. Everything a peer sends is untrusted: one thread, one selector, non-blocking sockets and
+per-connection buffers, so a client that sends garbage, never reads or disappears mid-reply costs
+only its own connection. One daemon per socket (an flock held for the daemon's life), and the only
+thing it ever unlinks is the socket it bound itself (or one it recorded binding before a crash).
 """
+import errno
+import fcntl
 import json
 import os
 import selectors
 import signal
 import socket
+import stat
 import struct
+import sys
+import time
+import traceback
+from pathlib import Path
 
 from kfdtool.pids import ExitWatch
 
 from .board import Board, default_path
-from .policy import POLICIES, check_hint
+from .policy import POLICIES, short_repr, check_hint
 
 CRED = struct.Struct("3i")
+MAX_LINE_BYTES = 64 << 10           # one request; a longer line closes its connection
+RECV_BYTES = 64 << 10               # one read from a client socket
+MAX_CONNECTIONS = 256               # open client connections (each costs an fd and two buffers)
+PID_MAX = 1 << 22                   # PID_MAX_LIMIT on 64-bit Linux (include/linux/threads.h)
+LOG_LINES_PER_MINUTE = 600          # a client that reconnects in a loop must not fill the log
+REPLY_TIMEOUT_S = 10.0              # request(): a daemon that does not answer within this is an error
+MAX_REPLY_BYTES = 1 << 20           # request(): a reply longer than this is not from our daemon
+ACCEPT_PAUSE_S = 1.0                # out of fds: leave new connections in the backlog this long
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class DaemonRefused(RuntimeError):
+    """The daemon cannot start here; the message says why, in one line."""
 
 
 def default_socket():
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return os.environ.get("XSCHED_LV3_SOCKET") or f"{base}/xsched-lv3-{os.getuid()}.sock"
+    """$XSCHED_LV3_SOCKET, else daemon.sock in a directory only we may enter: $XDG_RUNTIME_DIR
+    (0700, ours) or /tmp/xsched-lv3-<uid> (created 0700 by the daemon, and refused if it is not)."""
+    explicit = os.environ.get("XSCHED_LV3_SOCKET")
+    if explicit:
+        return explicit
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = f"{runtime}/xsched-lv3" if runtime else f"/tmp/xsched-lv3-{os.getuid()}"
+    return f"{folder}/daemon.sock"
 
 
 def may_change(peer_uid, target_pid):
@@ -36,94 +70,376 @@ def may_change(peer_uid, target_pid):
         return False
 
 
+def connection_refusal(peer_uid, daemon_uid, open_connections):
+    """Why a new connection is refused, or None: only the daemon's user and root may talk to it
+    (its board is that user's), and the daemon's fds are bounded."""
+    if peer_uid not in (0, daemon_uid):
+        return f"permission denied: this daemon serves uid {daemon_uid} (and root), not uid {peer_uid}"
+    if open_connections >= MAX_CONNECTIONS:
+        return f"too many connections ({MAX_CONNECTIONS}, the daemon's MAX_CONNECTIONS)"
+    return None
+
+
+def check_pid(value):
+    """A pid from a message: a JSON integer naming a possible process, or ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= PID_MAX:
+        raise ValueError(f"pid must be a process id (an integer from 1 to {PID_MAX}), got {short_repr(value)}")
+    return value
+
+
+class RateLimitedLog:
+    """Lines to stderr, at most `per_minute`; the rest are counted and the count logged later."""
+
+    def __init__(self, per_minute=LOG_LINES_PER_MINUTE):
+        self.per_minute = per_minute
+        self.window_start, self.lines, self.dropped = time.monotonic(), 0, 0
+
+    def __call__(self, text):
+        now = time.monotonic()
+        if now - self.window_start >= 60:
+            if self.dropped:
+                self._write(f"({self.dropped} log lines dropped in the last minute)")
+            self.window_start, self.lines, self.dropped = now, 0, 0
+        if self.lines >= self.per_minute:
+            self.dropped += 1
+            return
+        self.lines += 1
+        self._write(text)
+
+    @staticmethod
+    def _write(text):
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} xsched-lv3 daemon: {text}", file=sys.stderr, flush=True)
+
+
+class Connection:
+    def __init__(self, sock):
+        self.sock = sock
+        self.pid, self.uid, _gid = CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CRED.size))
+        self.inbox = bytearray()        # received bytes not yet taken as requests
+        self.scanned = 0                # inbox[:scanned] holds no newline (each byte is searched once)
+        self.outbox = bytearray()       # reply bytes the socket has not taken yet
+        self.events = 0                 # what the selector watches it for
+        self.closed = False
+
+    def __repr__(self):
+        return f"connection (pid {self.pid}, uid {self.uid})"
+
+
+class SingleInstance:
+    """An flock on `<socket>.lock`, held for the daemon's life: a second daemon on the same socket is
+    refused instead of taking it over. The file also records the socket we bound (st_dev, st_ino),
+    so that only that socket is ever unlinked, by us or, after a crash, by our successor. The lock
+    file itself stays (unlinking a lock file lets two processes lock two different files)."""
+
+    def __init__(self, socket_path):
+        self.path = f"{socket_path}.lock"
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            reason = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            raise DaemonRefused(f"cannot open the lock file {self.path}: {reason}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise DaemonRefused(f"{self.path} is not a regular file of ours: refusing it as the lock file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self._read(fd).get("pid", "?")
+                raise DaemonRefused(f"another xsched-lv3 daemon (pid {holder}) already serves {socket_path}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.previous_socket = self._read(fd).get("socket")    # [st_dev, st_ino] a crashed daemon bound
+        self.record(None)
+
+    @staticmethod
+    def _read(fd):
+        try:
+            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            return record if isinstance(record, dict) else {}
+        except ValueError:
+            return {}
+
+    def record(self, bound):
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps({"pid": os.getpid(), "socket": bound}).encode(), 0)
+
+    def release(self):
+        os.close(self.fd)                  # drops the flock
+
+
+def _identity(st):
+    return [st.st_dev, st.st_ino]
+
+
 class Daemon:
     def __init__(self, policy="hpf", socket_path=None, board_path=None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.socket_path = socket_path or default_socket()
-        self.board = Board(board_path or default_path())
+        if not socket_path and not os.environ.get("XSCHED_LV3_SOCKET"):
+            _private_directory(os.path.dirname(self.socket_path))
+        self.lock = SingleInstance(self.socket_path)      # before anything is changed
+        try:
+            self.board = Board(board_path or default_path())
+        except BaseException:
+            self.lock.release()
+            raise
         self.board.set_policy(policy)
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)
+        self.connections = set()
+        self.listener = None
+        self.bound = None                  # (st_dev, st_ino) of the socket we bound
+        self.accept_paused_until = 0.0
         self.running = True
+        self.log = RateLimitedLog()
 
+    # --- life -----------------------------------------------------------------------------------
     def serve(self, ready=None):
-        if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.socket_path)
-        os.chmod(self.socket_path, 0o666)
-        listener.listen(64)
-        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
-        for _, pid, *_rest in self.board.clients():
-            self._watch(pid)
-        if ready:
-            ready()
-        while self.running:
-            for key, _ in self.sel.select(timeout=0.5):
-                kind, obj = key.data
-                if kind == "listen":
-                    conn, _ = listener.accept()
-                    pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CRED.size))
-                    self.sel.register(conn, selectors.EVENT_READ, ("conn", [conn, pid, uid, b""]))
-                elif kind == "conn":
-                    self._on_data(obj)
-                else:
-                    self._on_exit(obj)
-        listener.close()
-        os.unlink(self.socket_path)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
+        signal.set_wakeup_fd(wake_w)           # a signal wakes select() at once
+        for signum in SHUTDOWN_SIGNALS:        # from here on, a signal ends the loop and cleans up
+            signal.signal(signum, self._stop)
+        try:
+            self._bind()
+            for _, pid, *_rest in self.board.clients():
+                self._watch_pid(pid)
+            if ready:
+                ready()
+            while self.running:
+                for key, events in self.sel.select(timeout=0.5):
+                    kind, obj = key.data
+                    if kind == "listen":
+                        self._accept()
+                    elif kind == "conn":
+                        self._on_socket(obj, events)
+                    elif kind == "pidfd":
+                        self._on_exit(obj)
+                    elif kind == "wake":
+                        _drain(wake_r)
+                self._resume_accepting()
+        finally:
+            self._shut_down()
 
-    def _on_data(self, state):
-        conn, pid, uid, buf = state
-        data = conn.recv(65536)
-        if not data:
-            self.sel.unregister(conn)
-            conn.close()
-            return
-        buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+    def _stop(self, signum, _frame):
+        self.log(f"{signal.Signals(signum).name}: shutting down")
+        self.running = False
+
+    def _bind(self):
+        path = self.socket_path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise DaemonRefused(f"cannot use {path}: {e.strerror}") from None
+        else:
+            if not (stat.S_ISSOCK(st.st_mode) and _identity(st) == self.lock.previous_socket):
+                raise DaemonRefused(f"{path} exists and is not a socket an earlier xsched-lv3 daemon left: "
+                                    "not removing it (remove it yourself, or choose another --socket)")
+            os.unlink(path)                # ours, left by a daemon that did not shut down cleanly
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)        # created 0600: there is no moment at which others may connect
+        try:
+            listener.bind(path)
+        except OSError as e:
+            listener.close()
+            raise DaemonRefused(f"cannot create the socket {path}: {e.strerror}") from None
+        finally:
+            os.umask(old_umask)
+        self.bound = _identity(os.lstat(path))
+        self.lock.record(self.bound)
+        listener.listen(64)
+        listener.setblocking(False)
+        self.listener = listener
+        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+
+    def _shut_down(self):
+        for conn in list(self.connections):
+            self._close(conn, None)
+        if self.listener:
+            self.listener.close()
+        try:
+            if self.bound and _identity(os.lstat(self.socket_path)) == self.bound:
+                os.unlink(self.socket_path)            # ours: anything else at that name stays
+        except OSError:
+            pass
+        self.lock.record(None)
+        self.lock.release()
+
+    # --- connections ----------------------------------------------------------------------------
+    def _accept(self):
+        while True:
             try:
-                reply = self.handle(json.loads(line), pid, uid)
-            except (ValueError, KeyError, TypeError) as e:
-                reply = {"error": str(e) if str(e) else type(e).__name__}
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-        state[3] = buf
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:               # EMFILE/ENFILE: leave the rest in the backlog a while
+                self.log(f"accept failed ({e.strerror}); not accepting for {ACCEPT_PAUSE_S:g} s")
+                self.sel.unregister(self.listener)
+                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                return
+            sock.setblocking(False)
+            conn = Connection(sock)
+            refusal = connection_refusal(conn.uid, os.geteuid(), len(self.connections))
+            if refusal:
+                self.log(f"refused {conn}: {refusal}")
+                _last_words(sock, refusal)
+                sock.close()
+                continue
+            self.connections.add(conn)
+            self._watch(conn)
+
+    def _resume_accepting(self):
+        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
+            self.accept_paused_until = 0.0
+            self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+    def _watch(self, conn):
+        """Watch `conn` for what it can do next: take its reply, or send requests. Nothing is read
+        from a client that has not taken its last reply, so its buffers stay bounded."""
+        if conn.closed:
+            return
+        events = selectors.EVENT_WRITE if conn.outbox else selectors.EVENT_READ
+        if events != conn.events:
+            if conn.events:
+                self.sel.modify(conn.sock, events, ("conn", conn))
+            else:
+                self.sel.register(conn.sock, events, ("conn", conn))
+            conn.events = events
+
+    def _on_socket(self, conn, events):
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        elif events & selectors.EVENT_READ:
+            self._receive(conn)
+        self._take_requests(conn)
+        self._watch(conn)
+
+    def _receive(self, conn):
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._close(conn, f"receive failed: {e.strerror}")
+            return
+        if not data:
+            self._close(conn, None)            # an orderly close: nothing to log
+            return
+        conn.inbox += data
+
+    def _take_requests(self, conn):
+        """Answer each whole line in the inbox, one at a time, while the client takes its replies."""
+        while not conn.closed and not conn.outbox:
+            end = conn.inbox.find(b"\n", conn.scanned)
+            if end < 0:
+                conn.scanned = len(conn.inbox)
+                if len(conn.inbox) > MAX_LINE_BYTES:
+                    self._drop(conn, f"a request line longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES)")
+                return
+            if end > MAX_LINE_BYTES:
+                self._drop(conn, f"a request line of {end} bytes (MAX_LINE_BYTES is {MAX_LINE_BYTES})")
+                return
+            line = bytes(conn.inbox[:end])
+            del conn.inbox[:end + 1]
+            conn.scanned = 0
+            conn.outbox += json.dumps(self.answer(line, conn.pid, conn.uid)).encode() + b"\n"
+            self._flush(conn)
+
+    def _flush(self, conn):
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except BlockingIOError:
+            return                             # the client is not reading: wait for EVENT_WRITE
+        except OSError as e:
+            self._close(conn, f"client went away before its reply ({e.strerror})")
+            return
+        del conn.outbox[:sent]
+
+    def _drop(self, conn, reason):
+        """Close `conn` for breaking the protocol, telling it why."""
+        _last_words(conn.sock, f"protocol error: {reason}; closing the connection")
+        self._close(conn, f"protocol error: {reason}")
+
+    def _close(self, conn, reason):
+        if conn.closed:
+            return
+        if reason:
+            self.log(f"closed {conn}: {reason}")
+        conn.closed = True
+        if conn.events:
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+        conn.inbox.clear()
+        conn.outbox.clear()
+        self.connections.discard(conn)
+
+    # --- requests -------------------------------------------------------------------------------
+    def answer(self, line, peer_pid, peer_uid):
+        """The reply to one request line: never raises, whatever the line holds."""
+        try:
+            msg = json.loads(line.decode("utf-8"))
+        except RecursionError:
+            return {"error": "not a request: JSON nested too deeply"}
+        except ValueError as e:                # not UTF-8, not JSON, an integer of too many digits
+            return {"error": f"not a request: {short_repr(str(e), 120)}"}
+        if not isinstance(msg, dict):
+            return {"error": 'a request is one JSON object per line, e.g. {"op": "status"}'}
+        try:
+            return self.handle(msg, peer_pid, peer_uid)
+        except ValueError as e:
+            return {"error": str(e)}
+        except Exception:                      # a daemon bug must not take every client's scheduling down
+            self.log(f"internal error on {short_repr(msg, 200)}:\n{traceback.format_exc()}")
+            return {"error": "internal error in the daemon (see its log)"}
 
     def handle(self, msg, peer_pid, peer_uid):
         op = msg.get("op")
         if op == "register":
-            slot = self.board.allocate(peer_pid, check_hint("priority", msg.get("priority", 0)))
-            self._watch(peer_pid)
+            if peer_pid <= 0:
+                return {"error": "your process is in another pid namespace: the daemon cannot see its pid"}
+            priority = check_hint("priority", msg.get("priority", 0))
+            try:
+                slot = self.board.allocate(peer_pid, priority)      # the peer's own pid, never the message's
+            except RuntimeError as e:          # the board is full
+                return {"error": str(e)}
+            self._watch_pid(peer_pid)
             return {"ok": True, "slot": slot}
         if op == "status":
             return {"ok": True, "policy": self.board.policy(), "clients": [
                 {"slot": s, "pid": p, "tid": t, "priority": prio, "active": a, "device": d}
                 for s, p, t, prio, a, d in self.board.clients()]}
         if op == "hint":
-            target = int(msg["pid"])
-            value = check_hint(msg["name"], msg["value"])
+            target = check_pid(msg.get("pid"))
+            name = msg.get("name")
+            value = check_hint(name, msg.get("value"))
             if not may_change(peer_uid, target):
                 return {"error": f"permission denied: only root or the owner of pid {target} may change its hints"}
             slots = [s for s, p, *_ in self.board.clients() if p == target]
             if not slots:
                 return {"error": f"pid {target} is not scheduled"}
             for s in slots:
-                self.board.set_hint(s, msg["name"], value)
+                self.board.set_hint(s, name, value)
             return {"ok": True, "slots": slots}
         if op == "policy":
-            if peer_uid not in (0, os.getuid()):
+            if peer_uid not in (0, os.geteuid()):
                 return {"error": "permission denied: only root or the daemon's user may change the policy"}
-            if msg.get("name") not in POLICIES:
-                return {"error": f"unknown policy {msg.get('name')!r}; choose one of {', '.join(POLICIES)}"}
-            self.board.set_policy(msg["name"])
+            name = msg.get("name")
+            if not isinstance(name, str) or name not in POLICIES:
+                return {"error": f"unknown policy {short_repr(name)}; choose one of {', '.join(POLICIES)}"}
+            self.board.set_policy(name)
             return {"ok": True}
-        return {"error": f"unknown op {op!r}; one of register, status, hint, policy"}
+        return {"error": f"unknown op {short_repr(op)}; one of register, status, hint, policy"}
 
-    def _watch(self, pid):
+    # --- client processes -----------------------------------------------------------------------
+    def _watch_pid(self, pid):
         if not self.exits.watch(pid):
-            self.board.reap()              # already gone: release its slots now
+            self.board.reap()                  # already gone: release its slots now
 
     def _on_exit(self, pid):
         self.exits.exited(pid)
@@ -132,21 +448,72 @@ class Daemon:
                 self.board.release(slot)
 
 
-def request(msg, socket_path=None):
-    """One request to the daemon; raises ConnectionError if it is not running."""
+def _private_directory(path):
+    """Create `path` 0700 if absent; refuse it unless it is a real directory of ours that no one
+    else may write or enter (it holds the socket and the lock file at predictable names)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise DaemonRefused(f"cannot create {path}: {e.strerror}") from None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise DaemonRefused(f"{path} is not a directory of ours with mode 0700 "
+                            f"(mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): refusing to put the socket there")
+
+
+def _last_words(sock, reason):
+    """One error reply, if the socket takes it now; a connection being closed is never waited for."""
+    try:
+        sock.send(json.dumps({"error": reason}).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def request(msg, socket_path=None, timeout=REPLY_TIMEOUT_S):
+    """One request to the daemon; raises ConnectionError with a one-line reason if there is no
+    daemon of ours (or root's) at the path, or it does not answer properly."""
     path = socket_path or default_socket()
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        owner = None                           # connect() below says what is wrong
+    if owner is not None and owner not in (0, os.geteuid()):
+        raise ConnectionError(f"{path} belongs to uid {owner}: not a daemon of yours or root's")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
     try:
         sock.connect(path)
     except OSError as e:
         sock.close()
-        raise ConnectionError(f"no xsched-lv3 daemon at {path} ({e.strerror}); start one with `xsched-lv3 daemon`")
+        raise ConnectionError(f"no xsched-lv3 daemon at {path} ({e.strerror or e}); "
+                              "start one with `xsched-lv3 daemon`") from None
+    buf = bytearray()
     with sock:
-        sock.sendall(json.dumps(msg).encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    return json.loads(buf)
+        try:
+            sock.sendall(json.dumps(msg).encode() + b"\n")
+            while not buf.endswith(b"\n") and len(buf) <= MAX_REPLY_BYTES:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        except TimeoutError:
+            raise ConnectionError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+        except OSError as e:
+            raise ConnectionError(f"the daemon at {path} dropped the connection ({e.strerror or e})") from None
+    try:
+        reply = json.loads(buf)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise ConnectionError(f"no proper reply from the daemon at {path}")
+    return reply

@@ -135,18 +135,41 @@ HINTS = {"priority": int, "utilization": float, "deadline_us": float, "laxity_us
          "critical_priority": int}
 
 
+HINT_PRIORITY_RANGE = (-1000, 1000)     # priority and critical_priority (the board stores an int32)
+
+
 def check_hint(name, value):
-    """A hint as its proper type, or ValueError with a one-line reason."""
-    if name not in HINTS:
-        raise ValueError(f"unknown hint {name!r}; choose one of {', '.join(HINTS)}")
-    try:
-        value = HINTS[name](value)
-    except (TypeError, ValueError):
-        raise ValueError(f"hint {name} wants a number, got {value!r}") from None
+    """A hint as its proper type, or ValueError with a one-line reason. The one place hints are
+    validated: for the daemon's socket (any JSON a local user sends), the CLI and the library.
+    A number only: a bool, a string (text is parsed by whoever reads it), NaN or an infinity is
+    refused, and so is a fraction for an integer hint."""
+    if not isinstance(name, str) or name not in HINTS:
+        raise ValueError(f"unknown hint {short_repr(name)}; choose one of {', '.join(HINTS)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"hint {name} wants a number, got {short_repr(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"hint {name} must be a finite number, got {value!r}")
+    if HINTS[name] is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"hint {name} wants a whole number, got {value!r}")
+        low, high = HINT_PRIORITY_RANGE
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {short_repr(value)}")
+        return int(value)
     if name == "utilization" and not 0 <= value <= 100:
-        raise ValueError("utilization is a share between 0 and 100")
+        raise ValueError(f"utilization is a share between 0 and 100, got {short_repr(value)}")
     if name in ("deadline_us", "laxity_us") and value < 0:
-        raise ValueError(f"{name} must be >= 0")
-    if name == "priority" and not -1000 <= value <= 1000:
-        raise ValueError("priority must be between -1000 and 1000")
-    return value
+        raise ValueError(f"{name} must be >= 0, got {short_repr(value)}")
+    try:
+        return float(value)
+    except OverflowError:                  # an int beyond any double
+        raise ValueError(f"hint {name} must be a finite number, got {short_repr(value)}") from None
+
+
+def short_repr(value, limit=40):
+    """repr() of a value from outside, cut to `limit` characters for an error line."""
+    try:
+        text = repr(value)
+    except ValueError:                     # an int too long to print (sys.set_int_max_str_digits)
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
