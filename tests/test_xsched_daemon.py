@@ -1,6 +1,7 @@
 """xsched-lv3 daemon protocol, dead clients, hints and the CLI's bad-input handling."""
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -16,12 +17,12 @@ def daemon(tmp_path):
     env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "d.sock"))
     proc = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--policy", "hpf"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "d.sock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    ready, _, _ = select.select([proc.stdout], [], [], 10)      # the banner comes once it listens
+    assert ready and "xsched-lv3 daemon: policy hpf" in proc.stdout.readline()
     yield env, str(tmp_path / "d.sock")
     proc.terminate()
-    proc.wait(timeout=10)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 CLIENT = """

@@ -26,7 +26,6 @@ import struct
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from kfdtool.pids import ExitWatch
 
@@ -195,6 +194,7 @@ class Daemon:
         self.bound = None                  # (st_dev, st_ino) of the socket we bound
         self.accept_paused_until = 0.0
         self.running = True
+        self.stopped_by = None                 # the signal that ended serve()
         self.log = RateLimitedLog()
 
     # --- life -----------------------------------------------------------------------------------
@@ -226,7 +226,8 @@ class Daemon:
             self._shut_down()
 
     def _stop(self, signum, _frame):
-        self.log(f"{signal.Signals(signum).name}: shutting down")
+        # no logging here: a print interrupted by a signal handler's print raises "reentrant call"
+        self.stopped_by = signal.Signals(signum).name
         self.running = False
 
     def _bind(self):
@@ -259,6 +260,8 @@ class Daemon:
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
 
     def _shut_down(self):
+        if self.stopped_by:
+            self.log(f"{self.stopped_by}: shutting down")
         for conn in list(self.connections):
             self._close(conn, None)
         if self.listener:
