@@ -1,11 +1,48 @@
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The slowest test takes about 2 s; one that runs past this is stuck (a simulator that never
+# answers, a read that never returns) and fails, so that the suite cannot hang.
+TEST_TIME_LIMIT_S = float(os.environ.get("KFDTOOL_TEST_TIME_LIMIT_S", 60))
+# Where even that cannot interrupt it (stuck inside C code), every thread's stack is dumped and the
+# run ends; the simulators it started exit with it (below).
+HARD_TIME_LIMIT_S = TEST_TIME_LIMIT_S + 30
+
+
+def pytest_configure(config):
+    # Every simulator started from this run (runner.start, `kfdtool sim start`, the server
+    # fixtures) stops when this process exits: a run that is killed leaves no server behind.
+    os.environ["KFDTOOL_SIM_EXIT_WITH"] = str(os.getpid())
+
+
+@pytest.fixture(autouse=True)
+def time_limit(request):
+    """Fail a test that runs past TEST_TIME_LIMIT_S, with the stack it was stuck in."""
+    if threading.current_thread() is not threading.main_thread():     # signals reach only the main thread
+        yield
+        return
+
+    def expired(signum, frame):
+        pytest.fail(f"{request.node.nodeid} ran past its time limit of {TEST_TIME_LIMIT_S:g} s "
+                    f"(KFDTOOL_TEST_TIME_LIMIT_S)", pytrace=True)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIME_LIMIT_S)
+    faulthandler.dump_traceback_later(HARD_TIME_LIMIT_S, exit=True)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        faulthandler.cancel_dump_traceback_later()
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "kfd-topology"
 CAPTURES = ["k8sdp-mi210-8x-xgmi", "k8sdp-mi300x-8x-cpx", "k8sdp-mi308x-8x-cpx", "k8sdp-vega10-1gpu",
             "rocprofsdk-composite", "tinygrad-rx7900xtx-partial"]

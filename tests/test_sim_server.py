@@ -1,6 +1,7 @@
 """The simulator server as any local user can reach it: bytes that break the protocol close only
 that connection (with a reason in server.log and one error reply), a client that stops reading or
 is stopped mid-reply holds up only itself, and the connection limits are enforced by name."""
+import errno
 import json
 import os
 import random
@@ -17,7 +18,7 @@ from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.requests import BY_NAME
 from kfdtool.sim.client import SimBackend
 from kfdtool.sim.control import SimControl
-from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, REGION, frame, recv_frame
+from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, REGION, REPLY, frame, recv_frame
 from kfdtool.sim.server import RateLimitedLog
 
 GET_VERSION = BY_NAME["GET_VERSION"].request()
@@ -43,11 +44,12 @@ def server(tmp_path):
     """Start a private simulated mi210 (a small preset), with server options such as connection limits."""
     procs = []
 
-    def start(*extra):
+    def start(*extra, env=None):
         d = tmp_path / f"machine{len(procs)}"
         proc = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.server", "--preset", "mi210", "--dir", str(d),
                                  "--no-realtime", *extra], stdout=subprocess.DEVNULL,
-                                stderr=open(tmp_path / f"server{len(procs)}.log", "wb"))
+                                stderr=open(tmp_path / f"server{len(procs)}.log", "wb"),
+                                env={**os.environ, **(env or {})})
         procs.append(proc)
         deadline = time.monotonic() + 30
         while not (d / "ready").exists():
@@ -95,7 +97,7 @@ def read_until_closed(sock):
 
 def ioctl_body(arg=b"", regions=(), n_regions=None, arg_len=None):
     packed = b"".join(REGION.pack(addr, length) + data for addr, length, data in regions)
-    return (b"I" + IOCTL.pack(GET_VERSION, os.getpid(), len(arg) if arg_len is None else arg_len,
+    return (b"I" + IOCTL.pack(GET_VERSION, len(arg) if arg_len is None else arg_len,
                               len(regions) if n_regions is None else n_regions) + arg + packed)
 
 
@@ -217,7 +219,7 @@ from kfdtool.sim.protocol import IOCTL, frame
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect({path!r})
 sock.sendall(frame(b"O"))
-request = frame(b"I" + IOCTL.pack({request}, os.getpid(), 8, 0) + bytes(8))
+request = frame(b"I" + IOCTL.pack({request}, 8, 0) + bytes(8))
 sock.setblocking(False)
 sent = 0
 while True:                       # pipeline requests, never read a reply, until nothing more fits
@@ -337,6 +339,185 @@ def test_the_total_connection_limit_covers_every_user(server):
         SimControl(srv.socket)("status")
     for sock in held:
         sock.close()
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_an_ioctl_from_a_process_holding_anothers_connection_is_ebadf(server):
+    """kfd_chardev.c: kfd_ioctl refuses a caller that is not the fd's opener (`current`, EBADF).
+    The caller is who wrote the request, as the kernel tells the server: a forked child writing on
+    its parent's opened connection cannot pass for the parent."""
+    from simhelpers import in_child
+    srv = server()
+    backend = SimBackend(srv.socket)              # this process opens /dev/kfd on it
+    sock = backend.sock
+    request = frame(ioctl_body(bytes(s.kfd_ioctl_get_version_args())))
+
+    def get_version_on_inherited_connection():
+        sock.sendall(request)
+        reply, _fds = recv_frame(sock)
+        return REPLY.unpack_from(reply, 1)[0]
+
+    assert in_child(get_version_on_inherited_connection) == -errno.EBADF
+    args = s.kfd_ioctl_get_version_args()
+    assert backend.ioctl(GET_VERSION, args) == 0 and args.major_version == 1     # the opener still may
+    backend.close()
+
+
+def test_a_request_written_by_two_processes_closes_the_connection(server):
+    """One ioctl is one process's syscall: bytes of one request from two writers break the protocol."""
+    from simhelpers import in_child
+    srv = server()
+    sock = srv.connect()
+    request = frame(ioctl_body(bytes(s.kfd_ioctl_get_version_args())))
+    sock.sendall(request[:10])
+    in_child(sock.sendall, request[10:])
+    (length,) = LEN.unpack_from(reply := read_until_closed(sock))
+    assert "written by several processes" in json.loads(reply[LEN.size + 1:LEN.size + length])["error"]
+    assert srv.get_version()[0] == 1
+
+
+def test_fds_sent_to_the_server_are_not_kept(server):
+    """SCM_RIGHTS from a client: the server passes fds, it never takes any (each would cost it one)."""
+    srv = server()
+    sock = srv.connect()
+    request = frame(ioctl_body(bytes(s.kfd_ioctl_get_version_args())))
+    sock.sendall(request)
+    recv_frame(sock)                                  # accepted and served: its fd is counted
+    with open(os.devnull) as f:
+        before = open_fds(srv.proc.pid)
+        for _ in range(20):
+            socket.send_fds(sock, [request], [f.fileno()] * 8)
+            reply, _ = recv_frame(sock)
+            assert REPLY.unpack_from(reply, 1)[0] == -errno.EBADF       # served; never opened
+    assert open_fds(srv.proc.pid) == before
+
+
+OPENER = r"""
+import json, socket, sys
+from kfdtool.sim.protocol import frame, recv_frame
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect({path!r})
+print("connected", flush=True)
+sys.stdin.readline()                                  # the server has no fd left to watch us with
+sock.sendall(frame(b"O"))
+print(json.dumps(json.loads(recv_frame(sock)[0][1:])), flush=True)
+"""
+
+
+def test_an_open_the_server_cannot_watch_is_refused_not_leaked(server):
+    """A KFD process lives until its OS process exits, which the server learns from a pidfd. Out
+    of fds, it cannot watch the opener: the open fails (as kfd_open fails when kfd_create_process
+    does) with a logged reason, instead of a KFD process that is never released."""
+    import resource
+    srv = server()
+    ctl = SimControl(srv.socket)
+    child = subprocess.Popen([sys.executable, "-c", OPENER.format(path=str(srv.socket))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "connected\n"
+        assert ctl("status")["processes"] == []             # its connection is accepted by now
+        fds = {int(fd) for fd in os.listdir(f"/proc/{srv.proc.pid}/fd")}
+        lowest_free = min(set(range(len(fds) + 1)) - fds)
+        soft, hard = resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (lowest_free, hard))     # no new fd
+        try:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            reply = json.loads(child.stdout.readline())
+            processes = ctl("status")["processes"]
+        finally:
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        assert "cannot watch pid" in reply["error"] and "out of file descriptors" in reply["error"]
+        assert child.pid not in processes
+        assert child.wait(timeout=10) == 0
+        assert ctl("status")["processes"] == []
+        assert f"cannot watch pid {child.pid}" in srv.log()
+    finally:
+        child.kill()
+        child.wait()
+        ctl.close()
+    assert srv.get_version()[0] == 1                         # with fds again, opens work
+
+
+def test_a_simulator_bug_is_logged_through_the_rate_limit_and_answered_eio(tmp_path, monkeypatch, capsys):
+    """An exception inside the simulated kernel or a control op is a simulator bug: the call gets
+    EIO (or an error reply), and its traceback goes to server.log through the rate limit, so a
+    client repeating the call cannot fill the disk."""
+    import io
+    from kfdtool.sim.server import Connection, SimServer
+    srv = SimServer(tmp_path, "mi210", realtime=False)
+    srv.log = RateLimitedLog(per_minute=2, stream=io.StringIO())
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a simulator bug")
+    monkeypatch.setattr(srv.kfd, "ioctl", bug)
+    monkeypatch.setattr(srv, "ctl_status", bug)
+    server_end, client_end = socket.socketpair()
+    conn = Connection(server_end)
+    me = (os.getpid(), os.getuid())
+    for _ in range(3):
+        srv._handle(conn, ioctl_body(bytes(s.kfd_ioctl_get_version_args())), me)
+        assert REPLY.unpack_from(recv_frame(client_end)[0], 1)[0] == -errno.EIO
+        srv._handle(conn, b'C{"op": "status"}', me)
+        assert "internal simulator error" in json.loads(recv_frame(client_end)[0][1:])["error"]
+    log = srv.log.stream.getvalue()
+    assert log.count("RuntimeError: a simulator bug") == 2 and srv.log.dropped == 4
+    assert "simulator bug in ioctl" in log and "simulator bug in control op 'status'" in log
+    assert "Traceback" not in capsys.readouterr().err          # nothing around the log
+    server_end.close()
+    client_end.close()
+
+
+def test_a_simulator_exits_with_the_process_named_by_kfdtool_sim_exit_with(server):
+    """The suite sets KFDTOOL_SIM_EXIT_WITH to its own pid: killed (-9 included), it leaves no server."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    srv = server(env={"KFDTOOL_SIM_EXIT_WITH": str(owner.pid)})
+    assert srv.get_version()[0] == 1
+    owner.kill()
+    owner.wait()
+    assert srv.proc.wait(timeout=10) == 0
+    assert not srv.socket.exists() and f"pid {owner.pid} exited; stopping" in srv.log()
+
+
+@pytest.mark.parametrize("value,message", [("soon", "invalid int value: 'soon'"),
+                                           ("dead", "cannot watch pid")])
+def test_a_bad_kfdtool_sim_exit_with_is_one_line_at_start(tmp_path, value, message):
+    if value == "dead":
+        gone = subprocess.Popen([sys.executable, "-c", ""])
+        gone.wait()
+        value = str(gone.pid)
+    result = subprocess.run([sys.executable, "-m", "kfdtool.sim.server", "--preset", "mi210", "--dir",
+                             str(tmp_path / "m")], env={**os.environ, "KFDTOOL_SIM_EXIT_WITH": value},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and message in result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr
+
+
+STUCK = r"""
+import socket
+from kfdtool.sim.client import SimBackend
+
+def test_stuck(tmp_path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "kfd.sock"))
+    listener.listen()                  # a simulator that accepts, and never answers
+    SimBackend(tmp_path / "kfd.sock")
+"""
+
+
+def test_a_stuck_test_fails_at_its_time_limit_instead_of_hanging_the_suite(tmp_path):
+    (tmp_path / "test_stuck.py").write_text(STUCK)
+    t0 = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                             "test_stuck.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "KFDTOOL_TEST_TIME_LIMIT_S": "1",
+                                 "PYTHONPATH": os.path.dirname(__file__)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ran past its time limit of 1 s" in result.stdout and "1 failed" in result.stdout
+    assert time.monotonic() - t0 < 30
 
 
 def test_the_log_keeps_a_bounded_rate_and_says_how_much_it_dropped(monkeypatch):

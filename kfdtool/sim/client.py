@@ -162,7 +162,7 @@ class SimBackend:
             if data is not None:              # unreadable: not shipped, so the kernel says EFAULT
                 regions.append((addr, data))
         raw = bytes(arg)[:ioctl_opt.IOC_SIZE(request)]
-        self.sock.sendall(frame(b"I" + IOCTL.pack(request, os.getpid(), len(raw), len(regions)) + raw
+        self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions)) + raw
                                 + pack_regions(regions)))
         try:
             reply, fds = recv_frame(self.sock, with_fds=True)

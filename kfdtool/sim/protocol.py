@@ -2,11 +2,13 @@
 
 Every message is a u32 length + payload; the payload's first byte is its kind:
   client: b"O" open /dev/kfd (the connecting process becomes a KFD process)
-          b"I" ioctl: <request u32, caller pid i32, arg len u32, regions u32> arg, regions
+          b"I" ioctl: <request u32, arg len u32, regions u32> arg, regions
           b"C" control: a JSON object
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32> out, regions (+ SCM_RIGHTS)
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
+Who the caller is travels outside the payload: the server takes the sender's pid and uid from the
+kernel (SCM_CREDENTIALS), which a client cannot forge.
 
 Anything else is a `ProtocolError`: the server answers it with one JSON error and closes that
 connection (never the server).
@@ -16,7 +18,7 @@ import socket
 import struct
 
 LEN = struct.Struct("<I")
-IOCTL = struct.Struct("<IiII")
+IOCTL = struct.Struct("<III")
 REPLY = struct.Struct("<qIII")
 REGION = struct.Struct("<QI")
 
@@ -52,10 +54,10 @@ def unpack_regions(buf, offset, count):
 
 
 def parse_ioctl(body):
-    """An ioctl request's body (after the kind byte): (request, caller pid, arg, regions)."""
+    """An ioctl request's body (after the kind byte): (request, arg, regions)."""
     if len(body) < IOCTL.size:
         raise ProtocolError(f"ioctl header cut short: {len(body)} of {IOCTL.size} bytes")
-    request, caller_pid, arg_len, n_regions = IOCTL.unpack_from(body)
+    request, arg_len, n_regions = IOCTL.unpack_from(body)
     offset = IOCTL.size
     if offset + arg_len > len(body):
         raise ProtocolError(f"ioctl argument of {arg_len} bytes announced, {len(body) - offset} sent")
@@ -63,7 +65,7 @@ def parse_ioctl(body):
     regions, end = unpack_regions(body, offset + arg_len, n_regions)
     if end != len(body):
         raise ProtocolError(f"{len(body) - end} bytes after the ioctl's last region")
-    return request, caller_pid, arg, regions
+    return request, arg, regions
 
 
 def parse_control(body):

@@ -1,7 +1,9 @@
 """The simulated KFD server: one process owns the simulated kernel and the sysfs tree; GPU
-processes connect over a unix socket. The peer's pid and uid come from SO_PEERCRED, and the
-process lives until the OS process exits (watched with a pidfd), like the kernel's kfd_process,
-which outlives close() and dies with the mm — kill -9 included.
+processes connect over a unix socket. The process that sends "O" on a connection is its opener,
+and lives as a KFD process until the OS process exits (watched with a pidfd), like the kernel's
+kfd_process, which outlives close() and dies with the mm — kill -9 included. Who sent each
+request is the kernel's word (SCM_CREDENTIALS), never the client's: the ioctl's caller, the
+kernel's `current`.
 
 One thread, one selector, non-blocking sockets. Each connection is one thread of a client and
 makes one call at a time: its next request is taken only once the previous reply has been handed
@@ -12,6 +14,7 @@ protocol close that connection with a reason in server.log; the server keeps ser
     python -m kfdtool.sim.server --preset mi308x --dir /tmp/kfdtool-sim-0/mi308x
 """
 import argparse
+import array
 import collections
 import errno
 import json
@@ -25,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..pids import ExitWatch
+from ..pids import ExitWatch, alive
 from .errors import Blocked, SimErrno
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
@@ -35,7 +38,10 @@ from .protocol import (LEN, MAX_FRAME_BYTES, REPLY, ProtocolError, frame, json_f
 from .state import SimQueue
 from .timing import max_waves
 
-CRED = struct.Struct("3i")
+CRED = struct.Struct("3i")                 # struct ucred: pid, uid, gid
+# room for SCM_CREDENTIALS only: fds a client sends (SCM_RIGHTS) find no room and the kernel
+# closes them (any that arrive anyway are closed here)
+ANCILLARY_BYTES = socket.CMSG_SPACE(CRED.size)
 
 # Connection limits: /dev/kfd has none, but every connection costs the server an fd and buffers,
 # and the socket is open to every local user. Per uid, so that one user cannot lock others out.
@@ -45,16 +51,56 @@ RECV_BYTES = 256 << 10                # one read from a client socket
 LOG_LINES_PER_MINUTE = 600            # a client that reconnects in a loop must not fill the disk
 
 
+class Inbox:
+    """Bytes received on a connection and not yet taken as requests, with who sent each run of
+    them: (pid, uid) from SCM_CREDENTIALS, which the kernel attaches to every write and never
+    glues across writers in one read."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.senders = collections.deque()   # [(pid, uid), bytes of the run], in stream order
+
+    def __len__(self):
+        return len(self.data)
+
+    def add(self, data, sender):
+        self.data += data
+        if self.senders and self.senders[-1][0] == sender:
+            self.senders[-1][1] += len(data)
+        else:
+            self.senders.append([sender, len(data)])
+
+    def take(self, n):
+        """The first `n` bytes and the set of senders of those bytes."""
+        data = bytes(self.data[:n])
+        del self.data[:n]
+        senders = set()
+        while n:
+            run = self.senders[0]
+            senders.add(run[0])
+            used = min(n, run[1])
+            run[1] -= used
+            n -= used
+            if not run[1]:
+                self.senders.popleft()
+        return data, senders
+
+    def clear(self):
+        self.data.clear()
+        self.senders.clear()
+
+
 class Connection:
     """One client socket: a thread of a GPU process, or a control channel."""
 
     def __init__(self, sock):
         self.sock = sock
+        # who connected: for the connection limits and the control channel's owner check
         self.pid, self.uid, _gid = CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CRED.size))
-        self.inbox = bytearray()             # received bytes not yet taken as requests
+        self.inbox = Inbox()
         self.outbox = collections.deque()    # [bytes left to send, fds to pass with their first byte]
         self.sleeping = False                # its call sleeps in the simulated kernel (Blocked)
-        self.kfd_open = False
+        self.opener = None                   # pid that opened /dev/kfd on it (kfd_open's current)
         self.closed = False
         self.events = 0                      # what the selector watches it for
 
@@ -93,7 +139,8 @@ class RateLimitedLog:
 
 class SimServer:
     def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False,
-                 max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID):
+                 max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID,
+                 exit_with=None):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sysfs_root = self.dir / "sys"
@@ -117,12 +164,17 @@ class SimServer:
         self.listener = None
         self.accept_paused_until = 0.0                  # out of fds: accept again after a pause
         self.log = RateLimitedLog()
+        self.exit_with = exit_with                      # pid whose exit stops this server (tests)
 
     # --- main loop --------------------------------------------------------------------------------
     def serve(self):
         if self.socket_path.exists():
             self.socket_path.unlink()
+        if self.exit_with is not None:
+            self._exit_with(self.exit_with)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # before any connection: the kernel then attaches its sender's credentials to every byte
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.listener.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o666)      # like /dev/kfd: any user may open it
         self.listener.listen(1024)
@@ -141,11 +193,22 @@ class SimServer:
                     self._on_exit(obj)
                 elif kind == "smi":
                     self.kfd.smi.on_readable(obj)
+                elif kind == "owner":
+                    self.log(f"pid {obj} exited; stopping (KFDTOOL_SIM_EXIT_WITH)")
+                    self.running = False
             self._retry_blocked()
             self._register_smi()
             self._resume_accepting()
         for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
             path.unlink(missing_ok=True)
+
+    def _exit_with(self, pid):
+        """Stop when `pid` exits, kill -9 included: a test run that is killed leaves no server."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError as e:
+            raise SystemExit(f"kfdtool-sim: cannot watch pid {pid} to exit with it: {e.strerror}") from None
+        self.sel.register(fd, selectors.EVENT_READ, ("owner", pid))
 
     def _accept(self):
         while True:
@@ -159,6 +222,7 @@ class SimServer:
                 self.accept_paused_until = time.monotonic() + 1.0
                 return
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             conn = Connection(sock)
             refusal = self._over_limit(conn)
             if refusal:
@@ -204,16 +268,24 @@ class SimServer:
 
     def _receive(self, conn):
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data, ancillary, _flags, _addr = conn.sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES)
         except BlockingIOError:
             return
         except OSError as e:
             self._close(conn, f"receive failed: {e.strerror}")
             return
+        sender = (conn.pid, conn.uid)           # replaced by the kernel's word, always attached
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid, uid, _gid = CRED.unpack(payload[:CRED.size])
+                sender = (pid, uid)
+            elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:    # fds nobody asked for
+                for fd in array.array("i", payload[:len(payload) - len(payload) % 4]):
+                    os.close(fd)
         if not data:
             self._close(conn, None)             # an orderly close: nothing to log
             return
-        conn.inbox += data
+        conn.inbox.add(data, sender)
         # taken only while the previous call is answered; a client that keeps sending meanwhile
         # is not making one call at a time
         if len(conn.inbox) > LEN.size + MAX_FRAME_BYTES + RECV_BYTES:
@@ -222,26 +294,29 @@ class SimServer:
     def _take_requests(self, conn):
         """Handle each whole request in the inbox, one at a time, while the connection takes them."""
         while conn.takes_requests and len(conn.inbox) >= LEN.size:
-            (length,) = LEN.unpack_from(conn.inbox)
+            (length,) = LEN.unpack_from(conn.inbox.data)
             try:
                 if length > MAX_FRAME_BYTES:
                     raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
                 if len(conn.inbox) < LEN.size + length:
                     return
-                payload = bytes(conn.inbox[LEN.size:LEN.size + length])
-                del conn.inbox[:LEN.size + length]
-                self._handle(conn, payload)
+                message, senders = conn.inbox.take(LEN.size + length)
+                if len(senders) > 1:            # a syscall is made by one process
+                    raise ProtocolError(f"one request written by several processes "
+                                        f"(pids {sorted(pid for pid, _uid in senders)})")
+                self._handle(conn, message[LEN.size:], senders.pop())
             except ProtocolError as e:
                 self._drop(conn, e)
                 return
 
-    def _handle(self, conn, payload):
+    def _handle(self, conn, payload, sender):
+        """One request; `sender` is (pid, uid) of the process that wrote it."""
         kind, body = payload[:1], payload[1:]
         if kind == b"O":
-            self._open(conn)
-            self._send(conn, json_frame({"ok": True, "pid": conn.pid}))
+            refusal = self._open(conn, *sender)
+            self._send(conn, json_frame({"error": refusal} if refusal else {"ok": True, "pid": conn.opener}))
         elif kind == b"I":
-            self._ioctl(conn, *parse_ioctl(body))
+            self._ioctl(conn, sender, *parse_ioctl(body))
         elif kind == b"C":
             self._send(conn, json_frame(self._control(conn, parse_control(body))))
         elif not kind:
@@ -310,31 +385,44 @@ class SimServer:
             del self.connections_of[conn.uid]
 
     # --- /dev/kfd -------------------------------------------------------------------------------
-    def _open(self, conn):
-        if conn.kfd_open:
-            return
-        conn.kfd_open = True
+    def _open(self, conn, pid, uid):
+        """kfd_chardev.c: kfd_open for `pid`. None, or why the open failed.
+
+        The kernel releases a kfd_process when its mm goes (kfd_process_notifier_release); here
+        the pidfd is that hook, so a process the server cannot watch would never be released.
+        Its open fails instead, as kfd_open does when kfd_create_process fails."""
+        if conn.opener is not None:
+            return None
+        if not self.exits.watch(pid):
+            why = "it has exited" if not alive(pid) else "the server is out of file descriptors"
+            reason = f"open of the simulated /dev/kfd refused: cannot watch pid {pid} for its exit ({why})"
+            self.log(f"{conn}: {reason}")
+            return reason
+        conn.opener = pid
         self.opens += 1
-        self.exits.watch(conn.pid)
-        self.kfd.open_process(conn.pid, conn.uid)
+        self.kfd.open_process(pid, uid)
+        return None
 
     def _on_exit(self, pid):
         self.exits.exited(pid)
         self.kfd.release_process(pid)
         self.kfd.timing.settle()
 
-    def _ioctl(self, conn, request, caller_pid, arg, regions):
+    def _ioctl(self, conn, caller, request, arg, regions):
+        """kfd_chardev.c: kfd_ioctl on this connection's fd; `caller` (pid, uid) is `current`."""
         # no KFD process behind a connection that never opened: the kernel decides (nr, then EBADF)
-        proc = self.kfd.processes.get(conn.pid) if conn.kfd_open else None
+        proc = self.kfd.processes.get(conn.opener) if conn.opener is not None else None
+        caller_pid, caller_uid = caller
         mem = UserMemory(regions)
         try:
-            ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, conn.uid)
+            ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
             conn.sleeping = True
             self.blocked.append((conn, blocked, bytes(arg)))
             return
         except Exception:                      # a simulator bug must not take the machine down
-            traceback.print_exc()
+            self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
+                     f"{traceback.format_exc().rstrip()}")
             ret, out = -errno.EIO, b""
         self.kfd.timing.settle()
         self._reply(conn, ret, out, mem.copied_to_user)
@@ -396,7 +484,7 @@ class SimServer:
         except SimErrno as e:
             return {"error": f"control op {op!r}: {e or type(e).__name__}"}
         except Exception:                      # a simulator bug must not take the machine down
-            traceback.print_exc()
+            self.log(f"{conn}: simulator bug in control op {op!r}:\n{traceback.format_exc().rstrip()}")
             return {"error": f"control op {op!r}: internal simulator error (see server.log)"}
 
     def _proc(self, msg):
@@ -524,6 +612,9 @@ def main(argv=None):
                         help=f"client connections at once, all users (default {MAX_CONNECTIONS})")
     parser.add_argument("--max-connections-per-uid", type=int, default=MAX_CONNECTIONS_PER_UID, metavar="N",
                         help=f"client connections at once, per user (default {MAX_CONNECTIONS_PER_UID})")
+    parser.add_argument("--exit-with", type=int, metavar="PID", default=os.environ.get("KFDTOOL_SIM_EXIT_WITH"),
+                        help="stop when process PID exits (default: $KFDTOOL_SIM_EXIT_WITH; the test suite "
+                             "sets it so that a killed run leaves no simulator behind)")
     args = parser.parse_args(argv)
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)    # one pidfd per simulated process
@@ -535,7 +626,7 @@ def main(argv=None):
     try:
         server = SimServer(args.dir, args.preset, args.abi, params, realtime=not args.no_realtime,
                            patched_preempt=args.patched_preempt, max_connections=args.max_connections,
-                           max_connections_per_uid=args.max_connections_per_uid)
+                           max_connections_per_uid=args.max_connections_per_uid, exit_with=args.exit_with)
     except KeyError as e:
         print(f"kfdtool-sim: {e.args[0]}", file=sys.stderr)
         return 2
