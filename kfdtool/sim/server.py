@@ -14,7 +14,6 @@ protocol close that connection with a reason in server.log; the server keeps ser
     python -m kfdtool.sim.server --preset mi308x --dir /tmp/kfdtool-sim-0/mi308x
 """
 import argparse
-import array
 import collections
 import errno
 import json
@@ -39,8 +38,8 @@ from .state import SimQueue
 from .timing import max_waves
 
 CRED = struct.Struct("3i")                 # struct ucred: pid, uid, gid
-# room for SCM_CREDENTIALS only: fds a client sends (SCM_RIGHTS) find no room and the kernel
-# closes them (any that arrive anyway are closed here)
+# Room for SCM_CREDENTIALS only (the kernel puts them first): fds a client sends (SCM_RIGHTS) find
+# no room, and the kernel closes them instead of installing them in the server.
 ANCILLARY_BYTES = socket.CMSG_SPACE(CRED.size)
 
 # Connection limits: /dev/kfd has none, but every connection costs the server an fd and buffers,
@@ -279,9 +278,6 @@ class SimServer:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                 pid, uid, _gid = CRED.unpack(payload[:CRED.size])
                 sender = (pid, uid)
-            elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:    # fds nobody asked for
-                for fd in array.array("i", payload[:len(payload) - len(payload) % 4]):
-                    os.close(fd)
         if not data:
             self._close(conn, None)             # an orderly close: nothing to log
             return
