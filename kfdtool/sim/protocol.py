@@ -1,7 +1,7 @@
 """Wire protocol between simulated-KFD clients and the server (a unix stream socket).
 
 Every message is a u32 length + payload; the payload's first byte is its kind:
-  client: b"O" open /dev/kfd (the connecting process becomes a KFD process)
+  client: b"O" open /dev/kfd (the process that sends it becomes a KFD process)
           b"I" ioctl: <request u32, arg len u32, regions u32> arg, regions
           b"C" control: a JSON object
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32> out, regions (+ SCM_RIGHTS)
