@@ -117,32 +117,64 @@ def extract_archive(archive, dest, what="archive"):
             mode = (mode & 0o755 if mode & 0o100 else mode & 0o644) | 0o600     # tarfile's data filter
             files_in[directory].append((parts[-1], data, mode))
     Path(dest).mkdir(parents=True, exist_ok=True)
-    open_dirs = [((), os.open(dest, os.O_RDONLY | os.O_DIRECTORY))]   # the path down to the current one
+    directories = sorted(files_in)                      # parents before children, depth first
+    dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for directory in sorted(files_in):              # parents before children, depth first
-            while directory and open_dirs[-1][0] != directory[:-1]:
+        # the top two levels here, then each subtree below them (a node) by one of the threads
+        _create_tree(dest_fd, [d for d in directories if len(d) < 2], files_in)
+        subtrees = {}
+        for directory in directories:
+            if len(directory) >= 2:
+                subtrees.setdefault(directory[:2], []).append(directory)
+        subtrees = list(subtrees.values())
+        threads = min(CREATE_THREADS, len(subtrees))
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda share: _create_tree(dest_fd, [d for s in share for d in s], files_in),
+                              [subtrees[k::threads] for k in range(threads)]))
+        else:
+            _create_tree(dest_fd, [d for s in subtrees for d in s], files_in)
+    finally:
+        os.close(dest_fd)
+    return Path(dest)
+
+
+CREATE_THREADS = int(os.environ.get("KFDTOOL_CT", "2"))
+
+
+def _create_tree(root_fd, directories, files_in):
+    """Create `directories` (each one's parent earlier in the list or there already) and their
+    files under root_fd. Each directory is opened with O_NOFOLLOW and files are created relative
+    to it, so a link already there is never followed out of the tree."""
+    open_dirs = [((), root_fd)]                          # the path down to the current directory
+    try:
+        for directory in directories:
+            while directory[:len(open_dirs[-1][0])] != open_dirs[-1][0]:
                 os.close(open_dirs.pop()[1])
-            if directory:
-                parent = open_dirs[-1][1]
-                try:
-                    os.mkdir(directory[-1], dir_fd=parent)
-                except FileExistsError:
-                    pass                                # a link in its place: refused by O_NOFOLLOW
-                open_dirs.append((directory, os.open(directory[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                                     dir_fd=parent)))
+            while len(open_dirs[-1][0]) < len(directory):
+                path, parent = directory[:len(open_dirs[-1][0]) + 1], open_dirs[-1][1]
+                if path == directory:
+                    try:
+                        os.mkdir(path[-1], dir_fd=parent)
+                    except FileExistsError:
+                        pass                            # a link in its place: refused by O_NOFOLLOW
+                open_dirs.append((path, os.open(path[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                                dir_fd=parent)))
             for name, data, mode in files_in[directory]:
                 _write_file(name, data, mode, open_dirs[-1][1])
     finally:
-        for _, fd in open_dirs:
+        for _, fd in open_dirs[1:]:
             os.close(fd)
-    return Path(dest)
 
 
 def _write_file(name, data, mode, dir_fd):
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fchmod(fd, mode)                             # the mode whatever the umask, as tarfile
     finally:
         os.close(fd)
 
@@ -156,7 +188,10 @@ def _tar_members(archive, what):
     names) come out as members of their own type, which the caller refuses. Header checksums are
     not checked: gzip's CRC already covers every byte."""
     import gzip
-    raw = gzip.decompress(archive)
+    try:
+        raw = gzip.decompress(archive)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ArchiveError(f"{what}: not a readable gzip file ({e})") from None
     offset = 0
     while offset + 512 <= len(raw):
         header = raw[offset:offset + 512]
@@ -184,14 +219,14 @@ TREE_STAMP = ".kfdtool-tree.json"      # in the sysfs root: what its topology wa
 def materialize(preset_name, sysfs_root, profile, parameters=None):
     """Write the machine's /sys subset under `sysfs_root`, as after a fresh boot: no KFD processes,
     the module parameters given. The topology (thousands of files) is kept from the last call when
-    it was built for the same preset, kernel profile and kfdtool code and nobody has changed it
-    since; otherwise it is rebuilt. Returns the topology directory."""
+    it was built for the same preset and kernel profile from the same capture and tree-building
+    code, and nobody has changed it since; otherwise it is rebuilt. Returns the topology directory."""
     preset = find_preset(preset_name)
     root = Path(sysfs_root)
     kfd = root / "class" / "kfd" / "kfd"
     topo = kfd / "topology"
     stamp = root / TREE_STAMP
-    built_from = {"preset": preset.name, "profile": list(profile), "code": code_version()}
+    built_from = {"preset": preset.name, "profile": list(profile), "source": tree_source_digest(preset.capture)}
     if _stamp(stamp) != {"built_from": built_from, "fingerprint": _fingerprint(topo)}:
         stamp.unlink(missing_ok=True)
         _build_topology(preset, topo, profile)
@@ -220,14 +255,20 @@ def _build_topology(preset, topo, profile):
     shutil.rmtree(old, ignore_errors=True)
 
 
+# The package modules whose code decides a tree's bytes: this module and what it imports from
+# kfdtool, directly or through them (tests/test_sim_start.py checks the list against the imports).
+# A change anywhere else in kfdtool keeps the trees already built.
+TREE_CODE = ("sim/__init__.py", "sim/machine.py", "sysfs.py", "errors.py", "ioctls/__init__.py",
+             "ioctls/history.py", "ioctls/structs.py", "ioctls/requests.py", "ioctls/constants.py")
+
+
 @functools.lru_cache(maxsize=None)
-def code_version():
-    """Digest of the code and captures a tree is built from (the whole package: cheap, and no
-    list of modules to keep up to date)."""
+def tree_source_digest(capture):
+    """Digest of what a tree built from `capture` is made of: the shipped archive and TREE_CODE."""
     package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted([*package.rglob("*.py"), *(package / "sim" / "presets").iterdir()]):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    digest = hashlib.sha256(_capture_archive(capture))
+    for name in TREE_CODE:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
     return digest.hexdigest()
 
 
