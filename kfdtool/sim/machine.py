@@ -127,20 +127,20 @@ def extract_archive(archive, dest, what="archive"):
             if len(directory) >= 2:
                 subtrees.setdefault(directory[:2], []).append(directory)
         subtrees = list(subtrees.values())
-        threads = min(CREATE_THREADS, len(subtrees))
-        if threads > 1:
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda share: _create_tree(dest_fd, [d for s in share for d in s], files_in),
-                              [subtrees[k::threads] for k in range(threads)]))
-        else:
-            _create_tree(dest_fd, [d for s in subtrees for d in s], files_in)
+        shares = [[d for subtree in subtrees[k::CREATE_THREADS] for d in subtree] for k in range(CREATE_THREADS)]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(CREATE_THREADS) as pool:
+            list(pool.map(lambda share: _create_tree(dest_fd, share, files_in), shares))
     finally:
         os.close(dest_fd)
     return Path(dest)
 
 
-CREATE_THREADS = int(os.environ.get("KFDTOOL_CT", "2"))
+# Two threads, each creating whole subtrees (nodes): file creation is system-call time, which can
+# use the second CPU. On this sandbox with other test suites running, mi300x-cpx's capture took a
+# median 2.7 s with 2 or 4 threads and 3.3 s with 1 (0.2-0.3 s on a quiet host, either way); a
+# thread per file cost more in queueing than it saved.
+CREATE_THREADS = 2
 
 
 def _create_tree(root_fd, directories, files_in):
