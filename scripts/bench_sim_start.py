@@ -78,7 +78,7 @@ def main():
         print(table(*args.table), end="")
         return 0
     load_at_start = os.getloadavg()[0]      # other work on the host skews every number
-    import kfdtool
+    import kfdtool as measured
     from kfdtool.sim.machine import PRESETS
     rows = []
     for preset in PRESETS:
@@ -103,7 +103,7 @@ def main():
         print(f"{preset:12} first start median {row['first_start_median_s']:.2f} s  max {row['first_start_max_s']:.2f} s"
               f"   restart median {row['restart_median_s']:.2f} s  max {row['restart_max_s']:.2f} s")
     doc = {**provenance(), "target_s": TARGET_S, "first_starts_per_preset": args.firsts,
-           "restarts_per_preset": args.restarts, "kfdtool_measured": str(Path(kfdtool.__file__).parent),
+           "restarts_per_preset": args.restarts, "kfdtool_measured": str(Path(measured.__file__).parent),
            "state_dir_filesystem": filesystem_of(args.dir),
            "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()[0], "presets": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
