@@ -258,7 +258,7 @@ def _build_topology(preset, topo, profile):
 # The package modules whose code decides a tree's bytes: this module and what it imports from
 # kfdtool, directly or through them (tests/test_sim_start.py checks the list against the imports).
 # A change anywhere else in kfdtool keeps the trees already built.
-TREE_CODE = ("sim/__init__.py", "sim/machine.py", "sysfs.py", "errors.py", "ioctls/__init__.py",
+TREE_CODE = ("sim/__init__.py", "sim/machine.py", "sim/nodes.py", "ioctls/__init__.py",
              "ioctls/history.py", "ioctls/structs.py", "ioctls/requests.py", "ioctls/constants.py")
 
 
