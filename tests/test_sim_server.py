@@ -511,8 +511,9 @@ def test_stuck(tmp_path):
 def test_a_stuck_test_fails_at_its_time_limit_instead_of_hanging_the_suite(tmp_path):
     (tmp_path / "test_stuck.py").write_text(STUCK)
     t0 = time.monotonic()
+    # a basetemp of its own: pytest's default one prunes every earlier run's directories (slow on a busy host)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
-                             "test_stuck.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             "--basetemp", str(tmp_path / "inner"), "test_stuck.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "KFDTOOL_TEST_TIME_LIMIT_S": "1",
                                  "PYTHONPATH": os.path.dirname(__file__)})
     assert result.returncode == 1, result.stdout + result.stderr
