@@ -22,8 +22,9 @@ from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, REGION, REPLY, fra
 from kfdtool.sim.server import RateLimitedLog
 
 GET_VERSION = BY_NAME["GET_VERSION"].request()
-# A client that never reads may cost the others at most this factor of their request rate. A stalled server serves the others nothing (their calls time out); a healthy one on a busy 2-CPU CI
-# host has been seen at well under half its rate between two 1 s samples, from load alone.
+# A client that never reads may cost the others at most this factor of their request rate. A stalled
+# server serves the others nothing (their calls time out); a healthy one on a busy 2-CPU CI host has
+# been seen at well under half its rate between two 1 s samples, from load alone.
 STALL_FACTOR = 5
 # Every client socket of these tests gives up after this long, so that a server stuck on one
 # client fails the test (SimulatorError, socket.timeout) instead of hanging it.
