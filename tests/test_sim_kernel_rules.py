@@ -99,6 +99,43 @@ def test_smi_write_takes_the_first_8_bytes_and_ignores_short_writes(client):
         os.close(fd)
 
 
+def event_kinds(fd):
+    return {line.split()[0] for line in read_all(fd).decode().splitlines()}
+
+
+def test_smi_back_to_back_mask_writes_each_replace_the_mask(client):
+    """kfd_smi_events.c: kfd_smi_ev_write: every write() is handled alone and replaces the mask,
+    so of two writes made without a pause the second one counts."""
+    client.rt.create_queue(client.gpus[0])
+    fd = client.open_smi(client.gpus[0], EVICTION)
+    try:
+        os.write(fd, bytes(8))
+        os.write(fd, mask_of(EVICTION, RESTORE))
+        settle()
+        evict_and_restore(client)
+        settle()
+        assert event_kinds(fd) == {"9", "a"}
+    finally:
+        os.close(fd)
+
+
+def test_smi_short_write_is_not_spliced_into_the_next(client):
+    """kfd_smi_events.c: kfd_smi_ev_write: a write shorter than 8 bytes fails (-EFAULT) and is
+    gone; the next 8-byte write alone sets the mask (its bytes are not shifted by the short one)."""
+    client.rt.create_queue(client.gpus[0])
+    fd = client.open_smi(client.gpus[0])
+    try:
+        os.write(fd, b"\0\0\0\0")
+        os.write(fd, mask_of(EVICTION))
+        os.write(fd, b"")                 # nothing: neither a mask nor the end of the fd
+        settle()
+        evict_and_restore(client)
+        settle()
+        assert event_kinds(fd) == {"9"}
+    finally:
+        os.close(fd)
+
+
 def test_smi_fifo_keeps_whole_records_up_to_8k(client):
     """kfd_smi_events.c: add_event_to_kfifo puts a record in only if all of it fits
     (kfifo_avail >= len), in a MAX_KFIFO_SIZE fifo; a reader that falls behind loses whole

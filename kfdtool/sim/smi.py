@@ -1,15 +1,18 @@
-"""SMI event fds (kfd_smi_events.c). Each client is a unix stream socketpair whose far end is
-handed to the caller as `anon_fd`; the near end stays in the simulator.
+"""SMI event fds (kfd_smi_events.c). Each client is a unix SOCK_SEQPACKET socketpair whose far
+end is handed to the caller as `anon_fd`; the near end stays in the simulator. SEQPACKET keeps
+each of the caller's write() calls a packet of its own, so the simulator sees every mask write
+alone, as the kernel does; the price is on the read side (below).
 
 What follows the kernel, and how:
-- kfd_smi_ev_read: whatever the fifo holds, several records at once, partial reads leave the
-  rest; an empty fifo gives EAGAIN even on a blocking fd. The caller's end has SO_RCVTIMEO of
-  1 µs, so a blocking read of an empty fd fails with EAGAIN after at most one scheduler tick
-  (a socket cannot fail at once while blocking).
-- kfd_smi_ev_write: a write shorter than 8 bytes changes nothing (the kernel answers EFAULT);
-  a longer one sets the mask from its first 8 bytes, little-endian (the kernel consumes 8).
-  The write() call itself returns what a socket returns (the byte count): a socket cannot
-  answer EFAULT or a short count. Writes that reach the simulator together are one write.
+- kfd_smi_ev_read: an empty fifo gives EAGAIN even on a blocking fd. The caller's end has
+  SO_RCVTIMEO of 1 µs, so a blocking read of an empty fd fails with EAGAIN after at most one
+  scheduler tick (a socket cannot fail at once while blocking). Approximate: each record is a
+  packet, so a read returns one record, not everything the fifo holds, and a read shorter than
+  the record loses the rest of it (the kernel leaves it in the fifo).
+- kfd_smi_ev_write: each write is seen alone; one shorter than 8 bytes changes nothing (the
+  kernel answers EFAULT); a longer one sets the mask from its first 8 bytes, little-endian (the
+  kernel consumes 8). The write() call itself returns what a socket returns (the byte count): a
+  socket cannot answer EFAULT for a valid buffer or take fewer bytes than it queued.
 - add_event_to_kfifo: a record goes to a client only if the whole record fits in its 8 KiB
   fifo, else it is dropped for that client. The fifo's fill is the caller's unread bytes,
   asked from the socket layer (sock_diag, UNIX_DIAG_RQLEN) for the caller's socket.
@@ -20,6 +23,7 @@ What follows the kernel, and how:
   kernel's fd never does.
 """
 import os
+import select
 import socket
 import struct
 
@@ -31,6 +35,9 @@ EMPTY_READ_TIMEOUT = struct.pack("@ll", 0, 1)      # struct timeval: 1 µs
 # room in the socket layer for a full fifo of small records (each costs a few hundred bytes of
 # socket overhead); the fifo rule above decides what is dropped, not this buffer
 SOCKET_BUFFER = 1 << 20
+# mask writes taken per wake-up: a caller writing without pause must not hold the server's one
+# thread; the selector wakes it again for the rest, in order
+WRITES_PER_WAKE = 64
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLMSG_ERROR = 4, 20, 1, 2
 UDIAG_SHOW_RQLEN, UNIX_DIAG_RQLEN = 0x10, 4
@@ -86,7 +93,7 @@ class SmiHub:
 
     def open_client(self, pid, gpu_id, suser):
         """kfd_smi_event_open: mask 0, pid = the opener's tgid, suser = CAP_SYS_ADMIN at open."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, EMPTY_READ_TIMEOUT)
@@ -96,20 +103,32 @@ class SmiHub:
         return 0xFFFFFFFF              # the client library patches in the fd number it received
 
     def on_readable(self, fileno):
-        """A mask write (kfd_smi_ev_write), or the caller closed its last fd (kfd_smi_ev_release)."""
+        """Mask writes (kfd_smi_ev_write), one packet per write() of the caller, in order; or the
+        caller closed its last fd (kfd_smi_ev_release)."""
         client = self.clients.get(fileno)
         if client is None:
             return
-        try:
-            data = client.sock.recv(1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(fileno)
-        elif len(data) >= MASK_BYTES:
-            client.mask = int.from_bytes(data[:MASK_BYTES], "little")
+        for _ in range(WRITES_PER_WAKE):
+            try:
+                write = client.sock.recv(MASK_BYTES)    # a packet's first 8 bytes; the rest is dropped
+            except BlockingIOError:
+                return
+            except OSError:
+                self._close(fileno)
+                return
+            if not write and self._caller_closed(client.sock):
+                self._close(fileno)
+                return
+            if len(write) == MASK_BYTES:          # a write of 8 bytes or more
+                client.mask = int.from_bytes(write[:MASK_BYTES], "little")
+
+    @staticmethod
+    def _caller_closed(sock):
+        """An empty packet is a write() of 0 bytes or the end of the stream; only the peer's
+        close sets POLLHUP on a SEQPACKET socket."""
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
 
     def _close(self, fileno):
         client = self.clients.pop(fileno, None)
