@@ -69,6 +69,8 @@ class DbgTrap:
                 raise SimErrno(errno.ENODEV)
         if not _fd_is_open(caller.pid, a.enable.dbg_fd):
             raise SimErrno(errno.EBADF)
+        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
+            self._activate_cu_workaround(target)     # kfd_dbg_trap_activate; its result is ignored
         target.debug_trap_enabled = True
         target.debugger = caller
         target.exception_mask = a.enable.exception_mask
@@ -82,13 +84,31 @@ class DbgTrap:
             self.kfd.execute_queues(dev)          # debug_refresh_runlist
         return 0
 
+    def _activate_cu_workaround(self, target):
+        """kfd_debug.c: kfd_dbg_set_workaround(target, true): on GC 11.0.0-11.0.3 the debugger
+        masks CUs of every queue; a queue with a user CU mask makes it -EBUSY, unwinds every
+        queue and leaves runtime_state ENABLED_BUSY."""
+        on_wa_device = [q for q in target.queues.values() if self.kfd.devices[q.gpu_id].has_cwsr_workaround]
+        if any(q.is_user_cu_masked for q in on_wa_device):
+            target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED_BUSY
+            return
+        for q in on_wa_device:
+            q.is_dbg_wa = True
+
     def op_disable(self, caller, target, a, mem):
         self.disable(target)
         return 0
 
     def disable(self, target):
-        """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger."""
+        """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
+        target is deactivated (kfd_dbg_trap_deactivate: the CU workaround goes); one whose
+        activation failed is set back to ENABLED for the next debugger."""
         self._resume(target, None)
+        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
+            for q in target.queues.values():
+                q.is_dbg_wa = False
+        elif target.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
+            target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
         debugger = target.debugger
         if debugger is not None and debugger is not target:
             debugger.debugged_count = max(0, debugger.debugged_count - 1)

@@ -30,6 +30,7 @@ QUEUE_TYPES_SINCE = {c.KFD_IOC_QUEUE_TYPE_COMPUTE: 1, c.KFD_IOC_QUEUE_TYPE_SDMA:
                      c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL: 1, c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI: 1,
                      c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID: 17}
 KFD_MMAP_TYPE_DOORBELL = 3 << 62
+MAX_CU_MASK_BITS = 1024              # kfd_ioctl_set_cu_mask: max_num_cus
 
 
 @dataclass(eq=False)
@@ -53,6 +54,16 @@ class SimDevice:
     @property
     def num_xcc(self):
         return self.node.num_xcc
+
+    @property
+    def cus_in_pairs(self):
+        """pqm_update_mqd's pairwise CU mask check: GC 10.0.0 <= version < 12.1.0."""
+        return 100000 <= self.gfx_target_version < 120100
+
+    @property
+    def has_cwsr_workaround(self):
+        """kfd_debug.h: kfd_dbg_has_cwsr_workaround: GC 11.0.0 to 11.0.3."""
+        return 110000 <= self.gfx_target_version <= 110003
 
     @property
     def mqd_per_xcc(self):
@@ -291,6 +302,9 @@ class SimKfd:
                      a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
                      (a.queue_percentage >> 8) & 0xFF, meta)
         q.is_evicted = proc.evicted_since is not None
+        # kfd_device_queue_manager.c: create_queue_cpsch: a debugged process's new queue on a
+        # GC 11.0.0-11.0.3 device starts under the debugger's CU workaround
+        q.is_dbg_wa = proc.debug_trap_enabled and dev.has_cwsr_workaround
         proc.queues = {qid: q, **proc.queues}            # list_add: the newest queue comes first
         self.sysfs.add_queue(proc.pid, qid, q.ring_size, self._sysfs_type(q.queue_type), dev.gpu_id)
         self.execute_queues(dev)
@@ -365,13 +379,25 @@ class SimKfd:
         return 0
 
     def set_cu_mask(self, proc, a, mem, uid):
+        """kfd_chardev.c: kfd_ioctl_set_cu_mask (a bit count of 0 or not a multiple of 32 is
+        EINVAL; more than 1024 bits are cut to 1024; the words are copied in, EFAULT), then
+        kfd_process_queue_manager.c: pqm_update_mqd: unknown qid EFAULT; a queue under the
+        debugger's CU workaround EBUSY; on GC 10.0.0 up to (not incl.) 12.1.0, whose CUs come in
+        WGP pairs, a pair with one CU enabled EINVAL."""
         if a.num_cu_mask == 0 or a.num_cu_mask % 32:
             raise SimErrno(errno.EINVAL)
-        words = min(a.num_cu_mask, 1024) // 32          # masks beyond 1024 bits are truncated
-        raw = mem.read(a.cu_mask_ptr, words * 4)
+        bits = min(a.num_cu_mask, MAX_CU_MASK_BITS)
+        raw = mem.read(a.cu_mask_ptr, bits // 8)
         q = self.find_queue(proc, a.queue_id)
+        if q.is_dbg_wa:
+            raise SimErrno(errno.EBUSY, "the debugger's CU workaround masks this queue")
+        dev = self.devices[q.gpu_id]
+        mask = int.from_bytes(raw, "little")
+        if dev.cus_in_pairs and any((mask >> i) & 0b11 in (0b01, 0b10) for i in range(0, bits, 2)):
+            raise SimErrno(errno.EINVAL, "CUs must be enabled in adjacent pairs")
         q.cu_mask = tuple(int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4))
-        self.execute_queues(self.devices[q.gpu_id])
+        self.execute_queues(dev)
+        q.is_user_cu_masked = True
         return 0
 
     def get_queue_wave_state(self, proc, a, mem, uid):

@@ -26,6 +26,8 @@ class SimQueue:
     is_evicted: bool = False
     being_destroyed: bool = False
     cu_mask: tuple = ()
+    is_user_cu_masked: bool = False   # SET_CU_MASK succeeded once (pqm_update_mqd)
+    is_dbg_wa: bool = False           # the debugger's CU workaround holds the mask (kfd_debug.c)
     # timing model: waves resident while the queue runs work, and work done while mapped
     resident_waves: int = 0
     progress_ns: int = 0
