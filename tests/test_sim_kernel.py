@@ -33,6 +33,9 @@ def client(sim):
 
 
 def test_get_version_follows_the_selected_abi(sim_dir):
+    """kfd_chardev.c: kfd_ioctl_get_version answers KFD_IOCTL_MAJOR/MINOR_VERSION of the kernel's
+    uapi header; kfd_ioctl answers -ENOTTY for an nr past AMDKFD_COMMAND_END (DBG_TRAP before 1.13)."""
+    from kfdtool.sim import runner
     for name, abi in (("mi300x-cpx", "1.17"), ("composite", "1.11")):
         machine = start(name, abi)
         cl = Client(machine, runtime_enable=False)
@@ -43,6 +46,7 @@ def test_get_version_follows_the_selected_abi(sim_dir):
                     cl.kfd.raw_ioctl(KfdAbi(23).request("DBG_TRAP"), s.kfd_ioctl_dbg_trap_args(), "DBG_TRAP")
         finally:
             cl.close()
+            runner.stop(name)               # other tests start it with another ABI
 
 
 def test_dispatcher_checks_only_the_nr(client):
@@ -65,6 +69,21 @@ def test_old_88_byte_create_queue_still_works(client):
     finally:
         client.kfd.abi = KfdAbi(23)
     assert qid in client.queues()
+
+
+def test_argument_shorter_than_the_request_size_is_efault(client):
+    """kfd_chardev.c: kfd_ioctl: copy_from_user of _IOC_SIZE(cmd) bytes fails -> -EFAULT before the
+    handler runs, and nothing is copied back; the short bytes are not zero-padded. (The caller's
+    memory past its argument is not the simulator's to read, so for it the copy faults.)"""
+    qid = client.rt.create_queue(client.gpus[0])
+    short = ctypes.c_uint32(qid)                      # DESTROY_QUEUE's queue_id alone, 4 of 8 bytes
+    request = ioctl_opt.IOWR(ord("K"), 0x03, s.kfd_ioctl_destroy_queue_args)
+    with pytest.raises(errors.BadAddress):
+        client.kfd.raw_ioctl(request, short, "DESTROY_QUEUE")
+    assert qid in client.queues()                     # the handler never ran
+    version = s.kfd_ioctl_get_version_args()          # _IOR: nothing is copied in, any size works
+    client.kfd.raw_ioctl(ioctl_opt.IOR(ord("K"), 0x01, ctypes.c_uint64 * 4), version, "GET_VERSION")
+    assert version.major_version == 1
 
 
 def test_fd_is_bound_to_the_opener(client):

@@ -10,12 +10,14 @@ import pytest
 from kfdtool import errors
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
+from kfdtool.sim import runner
 from simhelpers import Client, start
 
 
 @pytest.fixture(scope="module")
 def sim(sim_dir):
-    return start("composite")
+    yield start("composite")
+    runner.stop("composite")              # other tests start it with another ABI
 
 
 @pytest.fixture

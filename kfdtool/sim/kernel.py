@@ -158,9 +158,13 @@ class SimKfd:
         usize = ioctl_opt.IOC_SIZE(request)
         layout = self.abi.layout(entry.struct.__name__) if entry.struct else None
         ksize = ctypes.sizeof(layout) if layout else 0
-        kdata = bytearray(max(usize, ksize))
-        if "W" in entry.direction:                 # copy in usize bytes, the rest stays zero
-            kdata[:usize] = bytes(user_arg[:usize]).ljust(usize, b"\0")
+        kdata = bytearray(max(usize, ksize))       # past usize it stays zero
+        if "W" in entry.direction:
+            # copy_from_user of usize bytes: what the caller did not ship is memory the simulator
+            # cannot read, so the copy faults (-EFAULT, nothing copied back)
+            if len(user_arg) < usize:
+                return -errno.EFAULT, b""
+            kdata[:usize] = user_arg[:usize]
         args = layout.from_buffer(kdata) if layout else None
         handler = self._handlers.get(entry.name, self.not_simulated)
         try:
