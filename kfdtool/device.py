@@ -29,6 +29,16 @@ from .ioctls.history import KfdAbi
 EAGAIN_RETRIES = 1000
 # EAGAIN is an answer, not a transient, for these (ioctl, op) pairs.
 _EAGAIN_IS_ANSWER = {("DBG_TRAP", "QUERY_DEBUG_EVENT")}
+# the union member each DBG_TRAP op reads (kfd_chardev.c: kfd_ioctl_set_debug_trap); DISABLE has none
+DBG_TRAP_MEMBER_OF_OP = {
+    "ENABLE": "enable", "SEND_RUNTIME_EVENT": "send_runtime_event",
+    "SET_EXCEPTIONS_ENABLED": "set_exceptions_enabled", "SET_WAVE_LAUNCH_OVERRIDE": "launch_override",
+    "SET_WAVE_LAUNCH_MODE": "launch_mode", "SUSPEND_QUEUES": "suspend_queues", "RESUME_QUEUES": "resume_queues",
+    "SET_NODE_ADDRESS_WATCH": "set_node_address_watch", "CLEAR_NODE_ADDRESS_WATCH": "clear_node_address_watch",
+    "SET_FLAGS": "set_flags", "QUERY_DEBUG_EVENT": "query_debug_event",
+    "QUERY_EXCEPTION_INFO": "query_exception_info", "GET_QUEUE_SNAPSHOT": "queue_snapshot",
+    "GET_DEVICE_SNAPSHOT": "device_snapshot",
+}
 
 
 class OsBackend:
@@ -145,6 +155,11 @@ class KfdDevice:
             if member not in members:
                 raise ValueError(f"DBG_TRAP {op}: the argument union has no member {member!r} "
                                  f"(members: {', '.join(members)})")
+            if member != DBG_TRAP_MEMBER_OF_OP.get(op):
+                # the kernel reads the op's own member: another one's fields would land on it
+                expected = DBG_TRAP_MEMBER_OF_OP.get(op)
+                raise ValueError(f"DBG_TRAP {op} takes " + (f"the union member {expected!r}" if expected
+                                 else "no union member") + f", not {member!r}")
             target = getattr(arg, member)
             known = [f[0] for f in target._fields_]
             unknown = sorted(set(fields) - set(known))

@@ -14,7 +14,8 @@ from kfdtool.cwsr.debugtrap import DebugTrapSuspend
 from kfdtool.cwsr.mechanisms import Mechanism, MechanismResult
 from kfdtool.cwsr.patched import PatchedIoctlSuspend
 from kfdtool.cwsr.update_queue import OwnQueue, UpdateQueueSuspend
-from kfdtool.device import KfdDevice, OsBackend
+from kfdtool.device import DBG_TRAP_MEMBER_OF_OP, KfdDevice, OsBackend
+from kfdtool.ioctls import constants as c
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kfdtool"
 
@@ -102,6 +103,21 @@ def test_dbg_trap_refuses_an_unknown_field_before_the_kernel_sees_it():
     _, arg = kfd.dbg_trap("SUSPEND_QUEUES", 7, "suspend_queues", num_queues=3, grace_period=5)
     assert (arg.pid, arg.suspend_queues.num_queues, arg.suspend_queues.grace_period) == (7, 3, 5)
     assert len(backend.sent) == 1
+
+
+def test_dbg_trap_refuses_a_union_member_of_another_op():
+    """kfd_chardev.c: kfd_ioctl_set_debug_trap reads the op's own union member: resume_queues'
+    fields given to SUSPEND_QUEUES would be read as suspend_queues' (exception_mask, grace...)."""
+    backend = RecordingBackend()
+    kfd = KfdDevice(backend)
+    with pytest.raises(ValueError, match="SUSPEND_QUEUES takes the union member 'suspend_queues', not 'resume_queues'"):
+        kfd.dbg_trap("SUSPEND_QUEUES", 1, "resume_queues", num_queues=3)
+    with pytest.raises(ValueError, match="DISABLE takes no union member, not 'enable'"):
+        kfd.dbg_trap("DISABLE", 1, "enable")
+    assert backend.sent == []
+    for op, member in DBG_TRAP_MEMBER_OF_OP.items():     # every op's own member is accepted
+        kfd.dbg_trap(op, 1, member)
+    assert len(backend.sent) == len(DBG_TRAP_MEMBER_OF_OP) == len(c.kfd_dbg_trap_operations) - 1
 
 
 @pytest.mark.parametrize("mechanism", [DebugTrapSuspend, UpdateQueueSuspend, PatchedIoctlSuspend])
