@@ -50,6 +50,8 @@ def test_get_version_follows_the_selected_abi(sim_dir):
 
 
 def test_dispatcher_checks_only_the_nr(client):
+    """kfd_chardev.c: kfd_ioctl looks the command up by _IOC_NR alone (type and size of the user's
+    cmd are not compared), and an nr outside AMDKFD_COMMAND_START..END is -ENOTTY."""
     v = s.kfd_ioctl_get_version_args()
     wrong_type = ioctl_opt.IOR(ord("Z"), 0x01, s.kfd_ioctl_get_version_args)
     client.kfd.raw_ioctl(wrong_type, v)
@@ -60,7 +62,8 @@ def test_dispatcher_checks_only_the_nr(client):
 
 
 def test_old_88_byte_create_queue_still_works(client):
-    """usize < kernel size: the tail is zero-filled (sdma_engine_id = metadata_ring_size = 0)."""
+    """kfd_chardev.c: kfd_ioctl: usize < the kernel's size: the tail of kdata is zero-filled
+    (sdma_engine_id = metadata_ring_size = 0), so an 88-byte CREATE_QUEUE still works."""
     rt = client.rt
     old = KfdAbi(16)
     client.kfd.abi = old
@@ -87,6 +90,7 @@ def test_argument_shorter_than_the_request_size_is_efault(client):
 
 
 def test_fd_is_bound_to_the_opener(client):
+    """kfd_chardev.c: kfd_ioctl: a process other than the fd's opener gets -EBADF."""
     pid = os.fork()
     if pid == 0:                          # the child reuses the parent's /dev/kfd connection
         try:
@@ -101,6 +105,9 @@ def test_fd_is_bound_to_the_opener(client):
 
 
 def test_queue_ids_are_lowest_free(client):
+    """kfd_process_queue_manager.c: find_available_queue_slot takes the lowest free bit of the
+    per-process bitmap; kfd_process.c: kfd_procfs_queue_show prints the kernel-internal queue
+    type (KFD_QUEUE_TYPE_COMPUTE = 0) with no newline."""
     gpu = client.gpus[0]
     a, b, cq = (client.rt.create_queue(gpu) for _ in range(3))
     assert (a, b, cq) == (0, 1, 2)
@@ -118,6 +125,10 @@ def test_queue_ids_are_lowest_free(client):
     ("ring_base_address", 0xDEAD0000, errno.EINVAL), ("gpu_id", 1, errno.EINVAL),
     ("read_pointer_address", 1 << 48, errno.EFAULT)])
 def test_create_queue_validation(client, field, value, err):
+    """kfd_chardev.c: set_queue_properties_from_user (priority, percentage, ring size: -EINVAL;
+    pointers failing access_ok: -EFAULT; bad queue_type: -ENOTSUPP) and kfd_ioctl_create_queue
+    (unknown gpu_id: -EINVAL); kfd_queue.c: kfd_queue_acquire_buffers (ring not mapped,
+    ctl_stack_size not the node's: -EINVAL)."""
     rt, gpu = client.rt, client.gpus[0]
     qid = rt.create_queue(gpu)
     good = {"ring_base_address": rt.queues[qid]["ring_base"]}
@@ -147,6 +158,10 @@ def client_snapshot(client):
 
 
 def test_update_queue_percentage_zero_deactivates(client):
+    """kfd_chardev.c: kfd_ioctl_update_queue (percentage byte > 100: -EINVAL; bits 8-15 are
+    pm4_target_xcc) and kfd_process_queue_manager.c: pqm_update_queue_properties (unknown qid,
+    ring not the queue's mapping: -EFAULT); kfd_priv.h: QUEUE_IS_ACTIVE needs size, address and
+    percentage all non-zero."""
     gpu = client.gpus[0]
     qid = client.rt.create_queue(gpu)
     ring, size = client.rt.queues[qid]["ring_base"], client.rt.queues[qid]["ring_size"]
@@ -184,15 +199,21 @@ def _runtime_enable_rules(sim):
 
 
 def test_runtime_enable_rules(sim):
+    """kfd_chardev.c: runtime_enable: a process that already has queues gets -EEXIST; and
+    kfd_ioctl_set_debug_trap: SUSPEND_QUEUES on a target not runtime-enabled is -EPERM."""
     assert in_child(_runtime_enable_rules, sim)
 
 
 def test_runtime_enable_twice_is_busy(client):
+    """kfd_chardev.c: runtime_enable: runtime_state not DISABLED -> -EBUSY."""
     with pytest.raises(errors.Busy):
         client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))
 
 
 def test_dbg_trap_permission_order(client):
+    """kfd_chardev.c: kfd_ioctl_set_debug_trap: unknown pid -ESRCH; any op but ENABLE on a target
+    not debug-enabled -EINVAL; kfd_debug.c: kfd_dbg_trap_enable: already enabled -EALREADY, an
+    fd that fget cannot find -EBADF."""
     with pytest.raises(errors.ProcessNotFound):
         client.dbg("ENABLE", "enable", pid=999_999_9, dbg_fd=client.kfd.fd)
     with pytest.raises(errors.InvalidArgument, match="debugging is not enabled"):
@@ -207,6 +228,8 @@ def test_dbg_trap_permission_order(client):
 
 
 def test_dbg_trap_other_process_needs_ptrace(client, sim):
+    """kfd_chardev.c: kfd_ioctl_set_debug_trap: ENABLE of another process needs the caller to be
+    its ptrace parent (ptrace_parent(target->lead_thread) != current) -> -EPERM."""
     from kfdtool.cli.sim_cmd import spawn_workload
     pid = spawn_workload("mi308x", "victim", queues=1, waves=10)
     try:
@@ -217,6 +240,9 @@ def test_dbg_trap_other_process_needs_ptrace(client, sim):
 
 
 def test_suspend_status_words_and_new_queues(client):
+    """kfd_device_queue_manager.c: suspend_queues / resume_queues: the return value counts queues
+    handled; an id not found keeps KFD_DBG_QUEUE_INVALID_MASK (bit 31), a queue with
+    EC_QUEUE_NEW pending is skipped and marked, an already suspended queue counts as success."""
     gpu = client.gpus[0]
     q0 = client.rt.create_queue(gpu)
     client.enable_debug()
@@ -236,6 +262,9 @@ def test_suspend_status_words_and_new_queues(client):
 
 
 def test_snapshot_size_negotiation_and_order(client):
+    """kfd_process_queue_manager.c: pqm_get_queue_snapshot: num_queues 0 only counts,
+    entry_size is cut to the kernel's entry (the user's stride is kept), entry_size 0 is -EINVAL,
+    and the queue list is newest first (list_add in pqm_create_queue)."""
     gpu = client.gpus[0]
     for _ in range(3):
         client.rt.create_queue(gpu)
@@ -252,6 +281,9 @@ def test_snapshot_size_negotiation_and_order(client):
 
 
 def test_wave_state_rules(client):
+    """kfd_process_queue_manager.c: pqm_get_wave_state (unknown qid -EFAULT) and
+    kfd_device_queue_manager.c: get_wave_state (-EINVAL unless an inactive compute queue with
+    CWSR); kfd_debug.c: kfd_dbg_trap_disable resumes every suspended queue."""
     gpu = client.gpus[0]
     qid = client.rt.create_queue(gpu)
     sdma = client.rt.create_queue(gpu, c.KFD_IOC_QUEUE_TYPE_SDMA, ring_size=1 << 16)
@@ -276,6 +308,8 @@ def test_wave_state_rules(client):
 
 
 def test_suspend_stops_progress_resume_restarts_it(client):
+    """kfd_device_queue_manager.c: suspend_single_queue unmaps the queue (no progress while
+    suspended), resume_single_queue maps it again."""
     qid = client.rt.create_queue(client.gpus[0])
     client.ctl("set_waves", pid=os.getpid(), waves=200)
     client.enable_debug()
@@ -291,6 +325,8 @@ def test_suspend_stops_progress_resume_restarts_it(client):
 
 
 def test_destroy_of_suspended_queue_blocks_until_resume(client):
+    """kfd_device_queue_manager.c: destroy_queue_cpsch: a suspended queue of a debugged process
+    waits (wait_event on the process's qpd) until the debugger resumes it."""
     qid = client.rt.create_queue(client.gpus[0])
     client.enable_debug()
     client.snapshot()
