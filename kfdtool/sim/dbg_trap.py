@@ -221,8 +221,11 @@ class DbgTrap:
         return 0
 
     def device_snapshot(self, caller, target, a, mem):
+        """kfd_debug.c: kfd_dbg_trap_device_snapshot: only a NULL buffer is -EINVAL (entry_size is
+        passed by pointer, so 0 is a valid size that copies nothing); the count becomes the
+        target's device count, entry_size is cut to the kernel's entry and the user's stride kept."""
         args = a.device_snapshot
-        if not args.snapshot_buf_ptr or args.entry_size == 0:
+        if not args.snapshot_buf_ptr:
             raise SimErrno(errno.EINVAL)
         layout = self.kfd.abi.layout("kfd_dbg_device_info_entry")
         stride, copy = args.entry_size, min(args.entry_size, ctypes.sizeof(layout))

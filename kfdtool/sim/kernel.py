@@ -547,9 +547,13 @@ class SimKfd:
         if uid != 0:
             raise SimErrno(errno.EACCES)
         if a.op == c.KFD_CRIU_OP_PROCESS_INFO:
+            # kfd_chardev.c: criu_process_info + criu_get_process_object_info: objects are the
+            # queues, events and SVM ranges (none here)
             self.evict_process(proc, c.KFD_QUEUE_EVICTION_CRIU_CHECKPOINT)
             proc.queues_paused = True
-            a.num_devices, a.num_bos, a.num_objects = len(proc.gpu_ids), len(proc.bos), len(proc.queues)
+            a.pid = proc.pid
+            a.num_devices, a.num_bos = len(proc.gpu_ids), len(proc.bos)
+            a.num_objects = len(proc.queues) + len(proc.events)
             return 0
         if a.op == c.KFD_CRIU_OP_UNPAUSE:
             if not proc.queues_paused:
@@ -603,16 +607,20 @@ class SimKfd:
             if uid != 0:
                 raise SimErrno(errno.EPERM)            # perfmon_capable()
             self.device(a.pmc.gpu_id)
+            # kfd_chardev.c: profile_lock_device: lock 1 takes the device (EALREADY if ours, EBUSY
+            # if another's); lock 0 frees it if ours; anything else stays -EINVAL
             holder = next((p for p in self.processes.values() if a.pmc.gpu_id in p.profiler_locked), None)
-            if a.pmc.lock:
+            if a.pmc.lock == 1:
                 if holder is proc:
                     raise SimErrno(errno.EALREADY)
                 if holder is not None:
                     raise SimErrno(errno.EBUSY)
                 proc.profiler_locked.add(a.pmc.gpu_id)
-            else:
+                return 0
+            if a.pmc.lock == 0 and holder is proc:
                 proc.profiler_locked.discard(a.pmc.gpu_id)
-            return 0
+                return 0
+            raise SimErrno(errno.EINVAL)
         raise SimErrno(errno.EINVAL)
 
     # --- GET_VERSION -----------------------------------------------------------------------------
