@@ -559,7 +559,16 @@ def tree_contents(root):
     return out
 
 
-# (the extractor against tarfile's data filter, every capture: tests/test_sim_start.py)
+@pytest.mark.parametrize("capture", ["k8sdp-mi210-8x-xgmi", "k8sdp-vega10-1gpu", "rocprofsdk-composite"])
+def test_capture_extraction_equals_tarfiles_data_filter(tmp_path, capture):
+    """The fast extractor writes what tarfile.extractall(filter="data") writes: names, modes, bytes."""
+    import io
+    import tarfile
+    from kfdtool.sim.machine import _capture_archive, extract_capture
+    with tarfile.open(fileobj=io.BytesIO(_capture_archive(capture))) as tar:
+        tar.extractall(tmp_path / "tarfile", filter="data")
+    extract_capture(capture, tmp_path / "ours")
+    assert tree_contents(tmp_path / "ours") == tree_contents(tmp_path / "tarfile")
 
 
 def test_materialize_keeps_a_current_tree_and_rebuilds_a_changed_or_stale_one(tmp_path, monkeypatch):
@@ -585,6 +594,6 @@ def test_materialize_keeps_a_current_tree_and_rebuilds_a_changed_or_stale_one(tm
     assert tree_contents(root) == fresh
 
     inode = props.stat().st_ino
-    monkeypatch.setattr(machine, "tree_source_digest", lambda capture: "other")  # its code changed: rebuilt
+    monkeypatch.setattr(machine, "code_version", lambda: "another kfdtool")  # kfdtool changed: rebuilt
     machine.materialize("mi210", root, machine.PROFILES["1.23"])
     assert props.stat().st_ino != inode and tree_contents(root) == fresh

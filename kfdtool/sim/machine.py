@@ -6,6 +6,7 @@ unchanged (KFDTOOL_SYSFS_ROOT=<dir>).
 """
 import functools
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -87,130 +88,44 @@ def _capture_archive(capture):
     return resources.files(__package__).joinpath("presets").joinpath(f"{capture}.tar.gz").read_bytes()
 
 
+CREATE_THREADS = 8       # file creation is mostly waiting on the filesystem; threads overlap the waits
+
+
 def extract_capture(capture, dest):
-    """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>)."""
-    return extract_archive(_capture_archive(capture), dest, f"capture {capture}")
+    """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>).
+    Same result as tarfile's extractall(filter="data") (files rw-r--r--, directories by the umask,
+    nothing but plain files and directories, nothing outside `dest`), several times faster: the
+    filter resolves every member's real path, and creating thousands of files one after another
+    waits on the disk for each (0.3-1 ms on a virtual machine's disk)."""
+    import tarfile
+    from concurrent.futures import ThreadPoolExecutor
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    dirs, files = set(), []
+    with tarfile.open(fileobj=io.BytesIO(_capture_archive(capture))) as tar:
+        for member in tar:
+            parts = Path(member.name).parts
+            if member.name.startswith("/") or ".." in parts or not (member.isdir() or member.isreg()):
+                raise tarfile.FilterError(f"capture {capture}: refusing member {member.name!r}")
+            dirs.update(parts[:i] for i in range(1, len(parts) + (0 if member.isreg() else 1)))
+            if member.isreg():
+                mode = (member.mode & 0o755 if member.mode & 0o100 else member.mode & 0o644) | 0o600
+                files.append((dest.joinpath(*parts), tar.extractfile(member).read(), mode))
+    with ThreadPoolExecutor(CREATE_THREADS) as pool:
+        for depth in sorted({len(d) for d in dirs}):          # parents before children
+            list(pool.map(lambda d: dest.joinpath(*d).mkdir(exist_ok=True), [d for d in dirs if len(d) == depth]))
+        list(pool.map(_write_file, files))
+    return dest
 
 
-class ArchiveError(ValueError):
-    """A shipped archive holds something other than plain files and directories inside it."""
-
-
-def extract_archive(archive, dest, what="archive"):
-    """Unpack a gzip'd tar archive of plain files and directories under `dest`, with the result of
-    tarfile's extractall(filter="data"): files rw-r--r-- (rwxr-xr-x where the owner may execute),
-    directories by the umask, and anything else (links, devices, absolute names, "..", extended
-    headers) refused before a file is written. Several times faster than tarfile on the large
-    captures (8268 members for the MI300X one), which is most of a first `kfdtool sim start`:
-    tarfile spends ~35 us parsing each header and the data filter resolves every member's real
-    path. Here every file is created relative to its directory's descriptor, and each directory is
-    opened with O_NOFOLLOW, so a link already under `dest` is never followed out of it."""
-    files_in = {(): []}               # directory (its names under dest) -> [(name, bytes, mode)]
-    for name, kind, mode, data in _tar_members(archive, what):
-        parts = tuple(part for part in name.split("/") if part not in ("", "."))
-        if name.startswith("/") or ".." in parts or kind not in (b"0", b"\0", b"5") or (kind != b"5" and not parts):
-            raise ArchiveError(f"{what}: refusing member {name!r} (only plain files and directories inside it)")
-        directory = parts if kind == b"5" else parts[:-1]
-        for depth in range(len(directory) + 1):
-            files_in.setdefault(directory[:depth], [])
-        if kind != b"5":
-            mode = (mode & 0o755 if mode & 0o100 else mode & 0o644) | 0o600     # tarfile's data filter
-            files_in[directory].append((parts[-1], data, mode))
-    Path(dest).mkdir(parents=True, exist_ok=True)
-    directories = sorted(files_in)                      # parents before children, depth first
-    dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+def _write_file(item):
+    path, data, mode = item
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        # the top two levels here, then each subtree below them (a node) by one of the threads
-        _create_tree(dest_fd, [d for d in directories if len(d) < 2], files_in)
-        subtrees = {}
-        for directory in directories:
-            if len(directory) >= 2:
-                subtrees.setdefault(directory[:2], []).append(directory)
-        subtrees = list(subtrees.values())
-        shares = [[d for subtree in subtrees[k::CREATE_THREADS] for d in subtree] for k in range(CREATE_THREADS)]
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(CREATE_THREADS) as pool:
-            list(pool.map(lambda share: _create_tree(dest_fd, share, files_in), shares))
-    finally:
-        os.close(dest_fd)
-    return Path(dest)
-
-
-# Two threads, each creating whole subtrees (nodes): file creation is system-call time, which can
-# use the second CPU. On this sandbox with other test suites running, mi300x-cpx's capture took a
-# median 2.7 s with 2 or 4 threads and 3.3 s with 1 (0.2-0.3 s on a quiet host, either way); a
-# thread per file cost more in queueing than it saved.
-CREATE_THREADS = 2
-
-
-def _create_tree(root_fd, directories, files_in):
-    """Create `directories` (each one's parent earlier in the list or there already) and their
-    files under root_fd. Each directory is opened with O_NOFOLLOW and files are created relative
-    to it, so a link already there is never followed out of the tree."""
-    open_dirs = [((), root_fd)]                          # the path down to the current directory
-    try:
-        for directory in directories:
-            while directory[:len(open_dirs[-1][0])] != open_dirs[-1][0]:
-                os.close(open_dirs.pop()[1])
-            while len(open_dirs[-1][0]) < len(directory):
-                path, parent = directory[:len(open_dirs[-1][0]) + 1], open_dirs[-1][1]
-                if path == directory:
-                    try:
-                        os.mkdir(path[-1], dir_fd=parent)
-                    except FileExistsError:
-                        pass                            # a link in its place: refused by O_NOFOLLOW
-                open_dirs.append((path, os.open(path[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                                dir_fd=parent)))
-            for name, data, mode in files_in[directory]:
-                _write_file(name, data, mode, open_dirs[-1][1])
-    finally:
-        for _, fd in open_dirs[1:]:
-            os.close(fd)
-
-
-def _write_file(name, data, mode, dir_fd):
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-    try:
-        written = 0
-        while written < len(data):
-            written += os.write(fd, data[written:])
-        os.fchmod(fd, mode)                             # the mode whatever the umask, as tarfile
+        os.write(fd, data)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
-
-
-EMPTY_BLOCK = bytes(512)
-
-
-def _tar_members(archive, what):
-    """(name, type flag, mode, data) of each member of a gzip'd tar archive with ustar or GNU
-    headers (what GNU tar writes for names under 100 characters). Other headers (pax, GNU long
-    names) come out as members of their own type, which the caller refuses. Header checksums are
-    not checked: gzip's CRC already covers every byte."""
-    import gzip
-    try:
-        raw = gzip.decompress(archive)
-    except (OSError, EOFError, zlib.error) as e:
-        raise ArchiveError(f"{what}: not a readable gzip file ({e})") from None
-    offset = 0
-    while offset + 512 <= len(raw):
-        header = raw[offset:offset + 512]
-        if header == EMPTY_BLOCK:                        # end of archive
-            return
-        try:
-            if header[257:263] not in (b"ustar\0", b"ustar "):
-                raise ValueError("not a ustar or GNU header")
-            name = header[:100].split(b"\0", 1)[0].decode()
-            if header[257:263] == b"ustar\0" and header[345] != 0:        # POSIX ustar: name prefix
-                name = header[345:500].split(b"\0", 1)[0].decode() + "/" + name
-            mode, size = (int(header[a:b].strip(b"\0 ") or b"0", 8) for a, b in ((100, 108), (124, 136)))
-        except ValueError as e:         # UnicodeDecodeError, a base-256 number, a damaged header
-            raise ArchiveError(f"{what}: unreadable tar header at byte {offset} ({e})") from None
-        start, offset = offset + 512, offset + 512 + (size + 511) // 512 * 512
-        if start + size > len(raw):
-            raise ArchiveError(f"{what}: member {name!r} runs past the end of the archive")
-        yield name, header[156:157], mode, raw[start:start + size]
-    raise ArchiveError(f"{what}: no end-of-archive marker")
 
 
 TREE_STAMP = ".kfdtool-tree.json"      # in the sysfs root: what its topology was built from
@@ -219,14 +134,14 @@ TREE_STAMP = ".kfdtool-tree.json"      # in the sysfs root: what its topology wa
 def materialize(preset_name, sysfs_root, profile, parameters=None):
     """Write the machine's /sys subset under `sysfs_root`, as after a fresh boot: no KFD processes,
     the module parameters given. The topology (thousands of files) is kept from the last call when
-    it was built for the same preset and kernel profile from the same capture and tree-building
-    code, and nobody has changed it since; otherwise it is rebuilt. Returns the topology directory."""
+    it was built for the same preset, kernel profile and kfdtool code and nobody has changed it
+    since; otherwise it is rebuilt. Returns the topology directory."""
     preset = find_preset(preset_name)
     root = Path(sysfs_root)
     kfd = root / "class" / "kfd" / "kfd"
     topo = kfd / "topology"
     stamp = root / TREE_STAMP
-    built_from = {"preset": preset.name, "profile": list(profile), "source": tree_source_digest(preset.capture)}
+    built_from = {"preset": preset.name, "profile": list(profile), "code": code_version()}
     if _stamp(stamp) != {"built_from": built_from, "fingerprint": _fingerprint(topo)}:
         stamp.unlink(missing_ok=True)
         _build_topology(preset, topo, profile)
@@ -255,20 +170,14 @@ def _build_topology(preset, topo, profile):
     shutil.rmtree(old, ignore_errors=True)
 
 
-# The package modules whose code decides a tree's bytes: this module and what it imports from
-# kfdtool, directly or through them (tests/test_sim_start.py checks the list against the imports).
-# A change anywhere else in kfdtool keeps the trees already built.
-TREE_CODE = ("sim/__init__.py", "sim/machine.py", "sim/nodes.py", "ioctls/__init__.py",
-             "ioctls/history.py", "ioctls/structs.py", "ioctls/requests.py", "ioctls/constants.py")
-
-
 @functools.lru_cache(maxsize=None)
-def tree_source_digest(capture):
-    """Digest of what a tree built from `capture` is made of: the shipped archive and TREE_CODE."""
+def code_version():
+    """Digest of the code and captures a tree is built from (the whole package: cheap, and no
+    list of modules to keep up to date)."""
     package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(_capture_archive(capture))
-    for name in TREE_CODE:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    digest = hashlib.sha256()
+    for path in sorted([*package.rglob("*.py"), *(package / "sim" / "presets").iterdir()]):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
