@@ -75,6 +75,22 @@ def run_cli(*args, env=None, timeout=60):
                           env=full_env, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def sim(sim_dir):
+    """A simulated mi308x for a module's kernel-rule tests (a module may define its own)."""
+    from simhelpers import start
+    return start("mi308x")
+
+
+@pytest.fixture
+def client(sim):
+    """A KFD process of the test's own: this process, through the simulator's client."""
+    from simhelpers import Client
+    cl = Client(sim)
+    yield cl
+    cl.close()
+
+
 @pytest.fixture(scope="session")
 def sim_dir(tmp_path_factory):
     """A private KFDTOOL_SIM_DIR for the session; stops every simulator started in it at the end."""

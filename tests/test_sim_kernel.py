@@ -5,7 +5,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,18 +17,6 @@ from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.history import KfdAbi
 from simhelpers import Client, in_child, start
-
-
-@pytest.fixture(scope="module")
-def sim(sim_dir):
-    return start("mi308x")
-
-
-@pytest.fixture
-def client(sim):
-    cl = Client(sim)
-    yield cl
-    cl.close()
 
 
 def test_get_version_follows_the_selected_abi(sim_dir):

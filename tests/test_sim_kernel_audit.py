@@ -10,21 +10,9 @@ import pytest
 from kfdtool import errors
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
-from simhelpers import Client, in_child, start
+from simhelpers import Client, in_child
 
 ROOT = os.geteuid() == 0          # the simulator takes the caller's uid from SO_PEERCRED
-
-
-@pytest.fixture(scope="module")
-def sim(sim_dir):
-    return start("mi308x")
-
-
-@pytest.fixture
-def client(sim):
-    cl = Client(sim)
-    yield cl
-    cl.close()
 
 
 def _xnack_rules(sim):

@@ -18,22 +18,10 @@ from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.requests import BY_NAME
 from kfdtool.sim.workload import save_area_sizes
-from simhelpers import Client, in_child, start
+from simhelpers import Client, in_child
 
 EVICTION = c.KFD_SMI_EVENT_QUEUE_EVICTION
 RESTORE = c.KFD_SMI_EVENT_QUEUE_RESTORE
-
-
-@pytest.fixture(scope="module")
-def sim(sim_dir):
-    return start("mi308x")
-
-
-@pytest.fixture
-def client(sim):
-    cl = Client(sim)
-    yield cl
-    cl.close()
 
 
 def mask_of(*events):
