@@ -18,7 +18,7 @@ KERNEL_SIDE = ("kernel", "dbg_trap", "smi", "memory", "state", "timing", "proc_s
                "cwsr", "hip", "nodes", "errors", "protocol")
 USER_SIDE = ("client", "control", "runner", "workload")
 # What the kernel side may import from kfdtool, besides its own kernel-side modules.
-ALLOWED = ("kfdtool.ioctls", "kfdtool.pids")
+ALLOWED = ("kfdtool.ioctls", "kfdtool.pids", "kfdtool.ratelog")
 
 
 def module_path(name):

@@ -19,7 +19,7 @@ from kfdtool.ioctls.requests import BY_NAME
 from kfdtool.sim.client import SimBackend
 from kfdtool.sim.control import SimControl
 from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, REGION, REPLY, frame, recv_frame
-from kfdtool.sim.server import RateLimitedLog
+from kfdtool.ratelog import RateLimitedLog
 
 GET_VERSION = BY_NAME["GET_VERSION"].request()
 # A client that never reads may cost the others at most this factor of their request rate. A stalled
@@ -450,7 +450,7 @@ def test_a_simulator_bug_is_logged_through_the_rate_limit_and_answered_eio(tmp_p
     import io
     from kfdtool.sim.server import Connection, SimServer
     srv = SimServer(tmp_path, "mi210", realtime=False)
-    srv.log = RateLimitedLog(per_minute=2, stream=io.StringIO())
+    srv.log = RateLimitedLog("kfdtool-sim", per_minute=2, stream=io.StringIO())
 
     def bug(*args, **kwargs):
         raise RuntimeError("a simulator bug")
@@ -528,7 +528,7 @@ def test_the_log_keeps_a_bounded_rate_and_says_how_much_it_dropped(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     out = io.StringIO()
-    log = RateLimitedLog(per_minute=3, stream=out)
+    log = RateLimitedLog("kfdtool-sim", per_minute=3, stream=out)
     for i in range(10):
         log(f"line {i}")
     assert out.getvalue().count("kfdtool-sim: line") == 3

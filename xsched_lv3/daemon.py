@@ -23,11 +23,11 @@ import signal
 import socket
 import stat
 import struct
-import sys
 import time
 import traceback
 
 from kfdtool.pids import ExitWatch
+from kfdtool.ratelog import RateLimitedLog
 
 from .board import Board, default_path
 from .policy import POLICIES, short_repr, check_hint
@@ -37,7 +37,6 @@ MAX_LINE_BYTES = 64 << 10           # one request; a longer line closes its conn
 RECV_BYTES = 64 << 10               # one read from a client socket
 MAX_CONNECTIONS = 256               # open client connections (each costs an fd and two buffers)
 PID_MAX = 1 << 22                   # PID_MAX_LIMIT on 64-bit Linux (include/linux/threads.h)
-LOG_LINES_PER_MINUTE = 600          # a client that reconnects in a loop must not fill the log
 REPLY_TIMEOUT_S = 10.0              # request(): a daemon that does not answer within this is an error
 MAX_REPLY_BYTES = 1 << 20           # request(): a reply longer than this is not from our daemon
 ACCEPT_PAUSE_S = 1.0                # out of fds: leave new connections in the backlog this long
@@ -84,30 +83,6 @@ def check_pid(value):
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= PID_MAX:
         raise ValueError(f"pid must be a process id (an integer from 1 to {PID_MAX}), got {short_repr(value)}")
     return value
-
-
-class RateLimitedLog:
-    """Lines to stderr, at most `per_minute`; the rest are counted and the count logged later."""
-
-    def __init__(self, per_minute=LOG_LINES_PER_MINUTE):
-        self.per_minute = per_minute
-        self.window_start, self.lines, self.dropped = time.monotonic(), 0, 0
-
-    def __call__(self, text):
-        now = time.monotonic()
-        if now - self.window_start >= 60:
-            if self.dropped:
-                self._write(f"({self.dropped} log lines dropped in the last minute)")
-            self.window_start, self.lines, self.dropped = now, 0, 0
-        if self.lines >= self.per_minute:
-            self.dropped += 1
-            return
-        self.lines += 1
-        self._write(text)
-
-    @staticmethod
-    def _write(text):
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} xsched-lv3 daemon: {text}", file=sys.stderr, flush=True)
 
 
 class Connection:
@@ -195,7 +170,7 @@ class Daemon:
         self.accept_paused_until = 0.0
         self.running = True
         self.stopped_by = None                 # the signal that ended serve()
-        self.log = RateLimitedLog()
+        self.log = RateLimitedLog("xsched-lv3 daemon")
 
     # --- life -----------------------------------------------------------------------------------
     def serve(self, ready=None):

@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from ..pids import ExitWatch, alive
+from ..ratelog import RateLimitedLog
 from .errors import Blocked, SimErrno
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
@@ -47,7 +48,6 @@ ANCILLARY_BYTES = socket.CMSG_SPACE(CRED.size)
 MAX_CONNECTIONS = 4096
 MAX_CONNECTIONS_PER_UID = 1024
 RECV_BYTES = 256 << 10                # one read from a client socket
-LOG_LINES_PER_MINUTE = 600            # a client that reconnects in a loop must not fill the disk
 
 
 class Inbox:
@@ -111,31 +111,6 @@ class Connection:
         return not self.outbox and not self.sleeping and not self.closed
 
 
-class RateLimitedLog:
-    """Lines to stderr (the machine's server.log), at most `per_minute`; the rest are counted
-    and the count is logged when lines flow again."""
-
-    def __init__(self, per_minute=LOG_LINES_PER_MINUTE, stream=None):
-        self.per_minute, self.stream = per_minute, stream or sys.stderr
-        self.window_start, self.lines, self.dropped = time.monotonic(), 0, 0
-
-    def __call__(self, text):
-        now = time.monotonic()
-        if now - self.window_start >= 60:
-            if self.dropped:
-                self._write(now, f"({self.dropped} log lines dropped in the last minute)")
-            self.window_start, self.lines, self.dropped = now, 0, 0
-        if self.lines >= self.per_minute:
-            self.dropped += 1
-            return
-        self.lines += 1
-        self._write(now, text)
-
-    def _write(self, now, text):
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{stamp} kfdtool-sim: {text}", file=self.stream, flush=True)
-
-
 class SimServer:
     def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False,
                  max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID,
@@ -162,7 +137,7 @@ class SimServer:
         self.connections_of = collections.Counter()     # uid -> open connections
         self.listener = None
         self.accept_paused_until = 0.0                  # out of fds: accept again after a pause
-        self.log = RateLimitedLog()
+        self.log = RateLimitedLog("kfdtool-sim")
         self.exit_with = exit_with                      # pid whose exit stops this server (tests)
 
     # --- main loop --------------------------------------------------------------------------------
