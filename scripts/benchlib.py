@@ -51,7 +51,7 @@ def provenance(argv=None):
     else:
         rev = git("rev-parse", "HEAD") or "unknown"
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    card = None
+    card = "none found (no nvidia-smi or rocm-smi answered)"
     for tool in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], ["rocm-smi", "--showproductname"]):
         try:
             r = subprocess.run(tool, capture_output=True, text=True, timeout=20)
