@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from xsched_lv3.daemon import may_change, request
+from xsched_lv3.daemon import may_change
+from xsched_lv3.daemon_link import request
 
 
 @pytest.fixture

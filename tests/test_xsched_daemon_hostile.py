@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from xsched_lv3.board import SLOTS
-from xsched_lv3.daemon import MAX_LINE_BYTES, connection_refusal, request
+from xsched_lv3.daemon import MAX_LINE_BYTES, connection_refusal
+from xsched_lv3.daemon_link import request
 
 READ_TIMEOUT_S = 10
 

@@ -17,6 +17,7 @@ import random
 import stat
 import struct
 import time
+from collections import namedtuple
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,14 +25,39 @@ from kfdtool.pids import alive
 
 from .policy import QueueState
 
-MAGIC = b"XSLV3B03"
+MAGIC = b"XSLV3B04"
 SLOTS = 32
-HEADER = struct.Struct("<8sIIQ")                # magic, slots, policy, generation
-SLOT = struct.Struct("<iiIIddddiII")            # pid, priority, active, owner_tid, ready_since,
-#                                                 utilization, deadline_us, laxity_us, crit_prio,
-#                                                 device (a key naming one GPU across processes; 0 =
-#                                                 unknown), reserved
+HEADER = struct.Struct("<8sIIQiI")              # magic, slots, policy, generation, daemon pid, reserved
 GENERATION_OFFSET = 16
+DAEMON_PID_OFFSET = 24
+# One slot per client. Who writes each field (one writer per field): the client itself (C), or, while
+# one runs, the daemon (D); hints also come from `xsched-lv3 hint` through the daemon.
+SLOT_FIELDS = (
+    ("pid", "i"),                 # D (C without a daemon): the client's process
+    ("priority", "i"),            # D/C hint
+    ("active", "I"),              # C: a request of it is in progress (lower clients read this)
+    ("tid", "I"),                 # C: the thread a `client()` block binds (0: the whole process)
+    ("ready_since", "d"),         # C: when it became active (deadline policies)
+    ("utilization", "d"),         # D/C hints
+    ("deadline_us", "d"),
+    ("laxity_us", "d"),
+    ("critical_priority", "i"),
+    ("device", "I"),              # C: a key naming its GPU across processes (0 = not known yet)
+    ("level", "I"),               # D: 3 while the daemon preempts it (KFD queue suspend), else 1 (gate)
+    ("suspended", "I"),           # D: its queues are suspended now
+    ("suspends", "I"),            # D: how many times they were
+    ("held", "I"),                # C: its launching thread is held back by its gate now
+    ("held_s", "d"),              # C: seconds held back by its gate, in total
+    ("suspended_s", "d"),         # D: seconds suspended, in total
+)
+SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
+Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
+FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIELDS[:i]))
+                for i, (name, _) in enumerate(SLOT_FIELDS)}
+FIELD_CODE = dict(SLOT_FIELDS)
+EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
+                  deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0)
 SLOTS_OFFSET = HEADER.size
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
 NAN = float("nan")
@@ -92,7 +118,7 @@ class Board:
                         raise BoardUnusable(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
                     if size < SIZE:
                         os.ftruncate(fd, SIZE)
-                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0), 0)
+                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0, 0, 0), 0)
             self.mm = mmap.mmap(fd, SIZE)
             if self.mm[:8] != MAGIC:
                 self.mm.close()
@@ -113,43 +139,45 @@ class Board:
     def allocate(self, pid, priority=0, tid=0, device=0):
         with _flock(self.fd):
             for i in range(SLOTS):
-                owner = self.read_slot(i)[0]
+                owner = self.read_slot(i).pid
                 if owner == 0 or not alive(owner):
-                    SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size, pid, priority, 0, tid, NAN,
-                                   NAN, NAN, NAN, 0, device, 0)
+                    SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size,
+                                   *EMPTY_SLOT._replace(pid=pid, priority=priority, tid=tid, device=device))
                     self._changed()
                     return i
         raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
 
     def release(self, slot):
-        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, 0, 0, 0, 0, NAN, NAN, NAN, NAN, 0, 0, 0)
+        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, *EMPTY_SLOT)
         self._changed()
 
     def read_slot(self, slot):
-        return SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size)
+        return Slot._make(SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size))
 
     def _changed(self):
         """Announce a write (after it is complete: a reader that sees the new value sees the data)."""
         self.generation[0] = random.getrandbits(64)
 
+    def write(self, slot, announce=True, **fields):
+        """Write fields of one slot. `announce=False` for what no scheduling decision reads
+        (counters, times): then no client re-reads the board for it."""
+        base = SLOTS_OFFSET + slot * SLOT.size
+        for name, value in fields.items():
+            struct.pack_into("<" + FIELD_CODE[name], self.mm, base + FIELD_OFFSET[name], value)
+        if announce:
+            self._changed()
+
     def set_active(self, slot, active):
-        off = SLOTS_OFFSET + slot * SLOT.size
-        struct.pack_into("<I", self.mm, off + 8, 1 if active else 0)
-        struct.pack_into("<d", self.mm, off + 16, time.monotonic() if active else NAN)
-        self._changed()
+        self.write(slot, active=1 if active else 0, ready_since=time.monotonic() if active else NAN)
 
     def set_hint(self, slot, name, value):
-        off = SLOTS_OFFSET + slot * SLOT.size
-        fields = {"priority": (4, "<i"), "utilization": (24, "<d"), "deadline_us": (32, "<d"),
-                  "laxity_us": (40, "<d"), "critical_priority": (48, "<i")}
-        where, fmt = fields[name]
-        struct.pack_into(fmt, self.mm, off + where, value)
-        self._changed()
+        if name not in ("priority", "utilization", "deadline_us", "laxity_us", "critical_priority"):
+            raise ValueError(f"{name} is not a hint")
+        self.write(slot, **{name: value})
 
     def set_device(self, slot, device):
-        """The GPU a client's work runs on, once it is known (a key, see SLOT)."""
-        struct.pack_into("<I", self.mm, SLOTS_OFFSET + slot * SLOT.size + 52, device)
-        self._changed()
+        """The GPU a client's work runs on, once it is known (a key, see SLOT_FIELDS)."""
+        self.write(slot, device=device)
 
     def set_policy(self, name):
         """The policy every gate on this board evaluates (0 = each client's own choice)."""
@@ -163,38 +191,54 @@ class Board:
         index = struct.unpack_from("<I", self.mm, 12)[0]
         return list(POLICIES)[index - 1] if 0 < index <= len(POLICIES) else None
 
+    # --- the daemon ------------------------------------------------------------------------------
+    def set_daemon(self, pid):
+        """The daemon serving this board (0: none). Clients read it to know whether Lv3 can be
+        offered and where to send wake-ups; a daemon that died is seen as none."""
+        struct.pack_into("<i", self.mm, DAEMON_PID_OFFSET, pid)
+        self._changed()
+
+    def clear_daemon(self, pid):
+        """A daemon leaving: forget it, unless another has taken its place meanwhile."""
+        if struct.unpack_from("<i", self.mm, DAEMON_PID_OFFSET)[0] == pid:
+            self.set_daemon(0)
+
+    def daemon_pid(self):
+        """The pid of the live daemon serving this board, or 0."""
+        pid = struct.unpack_from("<i", self.mm, DAEMON_PID_OFFSET)[0]
+        return pid if pid > 0 and alive(pid) else 0
+
+    # --- readers ---------------------------------------------------------------------------------
+    def slots(self):
+        """[(index, Slot)] of every occupied slot."""
+        return [(i, s) for i in range(SLOTS) for s in (self.read_slot(i),) if s.pid]
+
     def states(self):
         """QueueStates of every occupied slot (id = slot index)."""
         out = []
-        for i in range(SLOTS):
-            pid, prio, active, tid, since, util, ddl, lax, crit, device, _ = self.read_slot(i)
-            if pid == 0:
-                continue
-            hints = {"priority": prio}
-            for name, value in (("utilization", util), ("deadline_us", ddl), ("laxity_us", lax)):
+        for i, s in self.slots():
+            hints = {"priority": s.priority}
+            for name in ("utilization", "deadline_us", "laxity_us"):
+                value = getattr(s, name)
                 if value == value:                    # not NaN
                     hints[name] = value
-            if crit:
-                hints["critical_priority"] = crit
-            out.append(QueueState(i, device, bool(active), since if since == since else None, hints, pid))
+            if s.critical_priority:
+                hints["critical_priority"] = s.critical_priority
+            ready_since = s.ready_since if s.ready_since == s.ready_since else None
+            out.append(QueueState(i, s.device, bool(s.active), ready_since, hints, s.pid))
         return out
 
     def clients(self):
         """[(slot, pid, tid, priority, active, device)] for status displays."""
-        out = []
-        for i in range(SLOTS):
-            pid, prio, active, tid, *_, device, _ = self.read_slot(i)
-            if pid:
-                out.append((i, pid, tid, prio, bool(active), device))
-        return out
+        return [(i, s.pid, s.tid, s.priority, bool(s.active), s.device) for i, s in self.slots()]
 
     def reap(self):
         """Release slots of processes that died (their queues are gone with them)."""
         dead = []
-        for slot, pid, *_ in self.clients():
-            if not alive(pid):
+        for slot, s in self.slots():
+            if not alive(s.pid):
                 self.release(slot)
-                dead.append(pid)
+                dead.append(s.pid)
         return dead
 
 

@@ -2,6 +2,7 @@
 
 Every failure a user can cause ends as one line on stderr and a non-zero exit code."""
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,9 @@ from .window import DEFAULT_WINDOW_US
 EPILOG = """examples:
   xsched-lv3 run --priority 10 -- python serve.py   # latency-critical, unmodified PyTorch program
   xsched-lv3 run --priority 0 -- python train.py    # batch work, yields to it (no daemon needed)
-  xsched-lv3 daemon --policy hpf &                  # optional: reaps dead clients, serves `hint`
+  xsched-lv3 daemon &                               # optional: Lv3 on AMD (suspends lower clients' KFD
+                                                    # queues), reaps dead clients, serves `hint`
+  xsched-lv3 daemon --sim mi308x &                  # Lv3 against a simulated MI308X (`kfdtool sim start`)
   xsched-lv3 status
   xsched-lv3 hint --pid 1234 --priority 5
   xsched-lv3 hint --pid 1234 --utilization 25       # with --policy bandwidth
@@ -26,6 +29,11 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("daemon", help="run the multi-process scheduler (unix socket, no TCP)")
     d.add_argument("--policy", default="hpf", choices=list(POLICIES))
+    d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
+                   help="3 (default): suspend lower-priority clients' KFD queues where the host allows "
+                        "(Lv3), else their gates hold them (Lv1); 1: gates only")
+    d.add_argument("--sim", metavar="NAME", help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
+                                                "instead of /dev/kfd")
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
                                     "/tmp/xsched-lv3-<uid>/daemon.sock; a 0700 directory); the daemon holds "
                                     "PATH.lock while it runs")
@@ -46,7 +54,9 @@ def build_parser():
     r.add_argument("--laxity-us", type=float, help="--policy laxity: raise to critical priority after this long")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(run=cmd_run)
-    s = sub.add_parser("status", help="scheduled clients on this board")
+    s = sub.add_parser("status", help="scheduled clients: level and why, state, suspends, held time")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--socket", help="the daemon's socket, if it was started with --socket")
     s.set_defaults(run=cmd_status)
     h = sub.add_parser("hint", help="change a scheduled process's hints (root or its owner)")
     h.add_argument("--pid", type=int, required=True)
@@ -59,10 +69,26 @@ def build_parser():
 
 def cmd_daemon(args):
     from .daemon import Daemon
-    daemon = Daemon(args.policy, args.socket)
+    from .lv3 import Host
+    host = Host(*_kfd_of(args.sim), max_level=args.max_level)
+    daemon = Daemon(args.policy, args.socket, host=host)
+    lv3 = host.no_kfd or f"Lv3 through {'simulated ' + args.sim if args.sim else 'KFD'} ({host.grace_why})"
     daemon.serve(ready=lambda: print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, "
-                                     f"board {daemon.board.path}", flush=True))
+                                     f"board {daemon.board.path}; {lv3}", flush=True))
     return 0
+
+
+def _kfd_of(sim_name):
+    """(open_kfd, sysfs root) of this host, or of a running simulated machine."""
+    from kfdtool.device import KfdDevice
+    if not sim_name:
+        return (lambda: KfdDevice.open(os.environ.get("KFDTOOL_DEVICE", "/dev/kfd"))), None
+    from kfdtool.errors import SimulatorError
+    from kfdtool.sim import runner
+    machine = runner.machine(sim_name)
+    if not machine.is_running():
+        raise SimulatorError(f"simulated {sim_name} is not running; start it with `kfdtool sim start {sim_name}`")
+    return (lambda: KfdDevice(machine.open_kfd())), machine.sysfs_root
 
 
 def cmd_run(args):
@@ -101,21 +127,36 @@ def cmd_run(args):
 
 
 def cmd_status(args):
+    from .daemon_link import request
     board = Board()
     board.reap()
-    clients = board.clients()
+    daemon = board.daemon_pid()
+    if daemon:
+        clients = request({"op": "status"}, args.socket)["clients"]
+    else:                                  # no daemon: what the board says, every client at Lv1
+        clients = [{"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
+                    "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "suspended": False,
+                    "level": 1, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)",
+                    "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
+    if args.json:
+        print(json.dumps({"policy": board.policy(), "daemon": daemon or None, "clients": clients}))
+        return 0
     if not clients:
         print("no scheduled clients")
         return 0
-    print(f"policy: {board.policy() or 'per client'}")
-    print(f"{'SLOT':>4} {'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} STATE")
-    for slot, pid, tid, prio, active, device in clients:
-        print(f"{slot:>4} {pid:>8} {tid:>8} {prio:>5} {device or '-':>10} {'active' if active else 'idle'}")
+    print(f"policy: {board.policy() or 'per client'}; daemon: {f'pid {daemon}' if daemon else 'none'}")
+    print(f"{'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} {'LEVEL':>5} {'STATE':<9} {'SUSPENDS':>8} "
+          f"{'SUSP_S':>8} {'HELD_S':>8}  WHY")
+    for c in clients:
+        state = "suspended" if c["suspended"] else "held" if c["held"] else "running" if c["active"] else "idle"
+        print(f"{c['pid']:>8} {c['tid'] or '-':>8} {c['priority']:>5} {c['device'] or '-':>10} "
+              f"{'Lv' + str(c['level']):>5} {state:<9} {c['suspends']:>8} {c['suspended_s']:>8.3f} "
+              f"{c['held_s']:>8.3f}  {c['why']}")
     return 0
 
 
 def cmd_hint(args):
-    from .daemon import request
+    from .daemon_link import request
     given = {name: getattr(args, name) for name in HINTS if getattr(args, name) is not None}
     if not given:
         raise ValueError("give at least one hint, e.g. --priority 5")
@@ -146,10 +187,11 @@ def _board_problem(error):
 
 
 def main(argv=None):
+    from kfdtool.errors import Error as KfdError
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, ConnectionError, RuntimeError) as e:
+    except (ValueError, ConnectionError, RuntimeError, KfdError) as e:
         print(f"xsched-lv3: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

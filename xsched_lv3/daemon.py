@@ -30,32 +30,22 @@ from kfdtool.pids import ExitWatch
 from kfdtool.ratelog import RateLimitedLog
 
 from .board import Board, default_path
-from .policy import POLICIES, short_repr, check_hint
+from .daemon_link import default_socket, wake_path
+from .lv3 import LV1, Host, Lv3Engine
+from .policy import POLICIES, check_hint, make_policy, short_repr
 
 CRED = struct.Struct("3i")
 MAX_LINE_BYTES = 64 << 10           # one request; a longer line closes its connection
 RECV_BYTES = 64 << 10               # one read from a client socket
 MAX_CONNECTIONS = 256               # open client connections (each costs an fd and two buffers)
 PID_MAX = 1 << 22                   # PID_MAX_LIMIT on 64-bit Linux (include/linux/threads.h)
-REPLY_TIMEOUT_S = 10.0              # request(): a daemon that does not answer within this is an error
-MAX_REPLY_BYTES = 1 << 20           # request(): a reply longer than this is not from our daemon
 ACCEPT_PAUSE_S = 1.0                # out of fds: leave new connections in the backlog this long
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SCHEDULE_EVERY_S = 0.05             # re-read the board at least this often (dead, stopped clients)
 
 
 class DaemonRefused(RuntimeError):
     """The daemon cannot start here; the message says why, in one line."""
-
-
-def default_socket():
-    """$XSCHED_LV3_SOCKET, else daemon.sock in a directory only we may enter: $XDG_RUNTIME_DIR
-    (0700, ours) or /tmp/xsched-lv3-<uid> (created 0700 by the daemon, and refused if it is not)."""
-    explicit = os.environ.get("XSCHED_LV3_SOCKET")
-    if explicit:
-        return explicit
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    folder = f"{runtime}/xsched-lv3" if runtime else f"/tmp/xsched-lv3-{os.getuid()}"
-    return f"{folder}/daemon.sock"
 
 
 def may_change(peer_uid, target_pid):
@@ -149,7 +139,7 @@ def _identity(st):
 
 
 class Daemon:
-    def __init__(self, policy="hpf", socket_path=None, board_path=None):
+    def __init__(self, policy="hpf", socket_path=None, board_path=None, host=None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.socket_path = socket_path or default_socket()
@@ -162,6 +152,11 @@ class Daemon:
             self.lock.release()
             raise
         self.board.set_policy(policy)
+        # Lv3: without a host (tests of the protocol alone) every client keeps its Lv1 gate
+        self.host = host or Host(_no_kfd, max_level=LV1)
+        self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self._log)
+        self.wake = None                   # datagram socket clients poke when their activity changes
+        self.wake_at = None                # the engine wants to run again then (a pending resume)
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)
         self.connections = set()
@@ -172,10 +167,13 @@ class Daemon:
         self.stopped_by = None                 # the signal that ended serve()
         self.log = RateLimitedLog("xsched-lv3 daemon")
 
+    def _log(self, text):
+        self.log(text)
+
     # --- life -----------------------------------------------------------------------------------
     def serve(self, ready=None):
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
+        self.sel.register(wake_r, selectors.EVENT_READ, ("signal", None))
         signal.set_wakeup_fd(wake_w)           # a signal wakes select() at once
         for signum in SHUTDOWN_SIGNALS:        # from here on, a signal ends the loop and cleans up
             signal.signal(signum, self._stop)
@@ -183,10 +181,12 @@ class Daemon:
             self._bind()
             for _, pid, *_rest in self.board.clients():
                 self._watch_pid(pid)
+            self.board.set_daemon(os.getpid())
+            self._schedule()
             if ready:
                 ready()
             while self.running:
-                for key, events in self.sel.select(timeout=0.5):
+                for key, events in self.sel.select(timeout=self._timeout()):
                     kind, obj = key.data
                     if kind == "listen":
                         self._accept()
@@ -194,11 +194,33 @@ class Daemon:
                         self._on_socket(obj, events)
                     elif kind == "pidfd":
                         self._on_exit(obj)
-                    elif kind == "wake":
+                    elif kind == "signal":
                         _drain(wake_r)
+                    elif kind == "poke":
+                        _drain_datagrams(self.wake)
+                self._schedule()
                 self._resume_accepting()
         finally:
             self._shut_down()
+
+    def _timeout(self):
+        """Sleep until a client pokes us, or a pending resume is due, or SCHEDULE_EVERY_S (dead and
+        stopped clients are noticed without a poke)."""
+        if self.wake_at is None:
+            return SCHEDULE_EVERY_S
+        return max(0.0, min(SCHEDULE_EVERY_S, self.wake_at - time.monotonic()))
+
+    def _schedule(self):
+        for _, s in self.board.slots():    # clients that took a slot without registering (no daemon then)
+            if s.pid not in self.exits:
+                self._watch_pid(s.pid)
+        try:
+            self.wake_at = self.engine.sync()
+        except Exception:                  # a daemon bug must not leave queues suspended: stop Lv3
+            self.log(f"internal error in the Lv3 engine; resuming every client:\n{traceback.format_exc()}")
+            self.engine.close()
+            self.engine.host = Host(_no_kfd, max_level=LV1)
+            self.wake_at = None
 
     def _stop(self, signum, _frame):
         # no logging here: a print interrupted by a signal handler's print raises "reentrant call"
@@ -233,10 +255,18 @@ class Daemon:
         listener.setblocking(False)
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+        self.wake = _bind_wake(wake_path(path))
+        self.sel.register(self.wake, selectors.EVENT_READ, ("poke", None))
 
     def _shut_down(self):
         if self.stopped_by:
             self.log(f"{self.stopped_by}: shutting down")
+        self.engine.close()                # every suspended queue resumed, every target released
+        self.host.close()
+        self.board.clear_daemon(os.getpid())
+        if self.wake is not None:
+            self.wake.close()
+            _unlink_socket(wake_path(self.socket_path))
         for conn in list(self.connections):
             self._close(conn, None)
         if self.listener:
@@ -382,16 +412,28 @@ class Daemon:
             if peer_pid <= 0:
                 return {"error": "your process is in another pid namespace: the daemon cannot see its pid"}
             priority = check_hint("priority", msg.get("priority", 0))
+            hints = msg.get("hints", {})
+            if not isinstance(hints, dict):
+                raise ValueError("hints must be an object, e.g. {\"utilization\": 25}")
+            hints = {name: check_hint(name, value) for name, value in hints.items()}
+            tid = msg.get("tid", 0)
+            if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid <= PID_MAX:
+                raise ValueError(f"tid must be a thread id or 0 (the whole process), got {short_repr(tid)}")
             try:
-                slot = self.board.allocate(peer_pid, priority)      # the peer's own pid, never the message's
+                slot = self.board.allocate(peer_pid, priority, tid)      # the peer's own pid, never the message's
             except RuntimeError as e:          # the board is full
                 return {"error": str(e)}
+            for name, value in hints.items():
+                if name != "priority":
+                    self.board.set_hint(slot, name, value)
             self._watch_pid(peer_pid)
             return {"ok": True, "slot": slot}
         if op == "status":
             return {"ok": True, "policy": self.board.policy(), "clients": [
-                {"slot": s, "pid": p, "tid": t, "priority": prio, "active": a, "device": d}
-                for s, p, t, prio, a, d in self.board.clients()]}
+                {"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "active": bool(s.active),
+                 "device": s.device, "suspended": bool(s.suspended), "held": bool(s.held), "held_s": s.held_s,
+                 **self.engine.describe(i)}
+                for i, s in self.board.slots()]}
         if op == "hint":
             target = check_pid(msg.get("pid"))
             name = msg.get("name")
@@ -411,6 +453,7 @@ class Daemon:
             if not isinstance(name, str) or name not in POLICIES:
                 return {"error": f"unknown policy {short_repr(name)}; choose one of {', '.join(POLICIES)}"}
             self.board.set_policy(name)
+            self.engine.policy = make_policy(name)
             return {"ok": True}
         return {"error": f"unknown op {short_repr(op)}; one of register, status, hint, policy"}
 
@@ -441,6 +484,49 @@ def _private_directory(path):
                             f"(mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): refusing to put the socket there")
 
 
+def _bind_wake(path):
+    """Bind the wake socket 0600. Something of ours at that name is a wake socket a daemon left
+    when it died (we hold the instance lock, so no live daemon uses it); anything else stays."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise DaemonRefused(f"{path} exists and is not a wake socket of ours: not removing it")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as e:
+        sock.close()
+        raise DaemonRefused(f"cannot create the socket {path}: {e.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    return sock
+
+
+def _unlink_socket(path):
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _drain_datagrams(sock):
+    try:
+        while True:
+            sock.recv(64)
+    except OSError:                    # BlockingIOError: all read
+        pass
+
+
+def _no_kfd():
+    raise OSError("Lv3 is off")
+
+
 def _last_words(sock, reason):
     """One error reply, if the socket takes it now; a connection being closed is never waited for."""
     try:
@@ -455,43 +541,3 @@ def _drain(fd):
             pass
     except BlockingIOError:
         pass
-
-
-def request(msg, socket_path=None, timeout=REPLY_TIMEOUT_S):
-    """One request to the daemon; raises ConnectionError with a one-line reason if there is no
-    daemon of ours (or root's) at the path, or it does not answer properly."""
-    path = socket_path or default_socket()
-    try:
-        owner = os.stat(path).st_uid
-    except OSError:
-        owner = None                           # connect() below says what is wrong
-    if owner is not None and owner not in (0, os.geteuid()):
-        raise ConnectionError(f"{path} belongs to uid {owner}: not a daemon of yours or root's")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-    except OSError as e:
-        sock.close()
-        raise ConnectionError(f"no xsched-lv3 daemon at {path} ({e.strerror or e}); "
-                              "start one with `xsched-lv3 daemon`") from None
-    buf = bytearray()
-    with sock:
-        try:
-            sock.sendall(json.dumps(msg).encode() + b"\n")
-            while not buf.endswith(b"\n") and len(buf) <= MAX_REPLY_BYTES:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except TimeoutError:
-            raise ConnectionError(f"the daemon at {path} did not answer within {timeout:g} s") from None
-        except OSError as e:
-            raise ConnectionError(f"the daemon at {path} dropped the connection ({e.strerror or e})") from None
-    try:
-        reply = json.loads(buf)
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
-        raise ConnectionError(f"no proper reply from the daemon at {path}")
-    return reply

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from kfdtool.pids import stopped
 
+from . import daemon_link
 from .board import Board
 from .policy import check_hint, make_policy, shares_device
 from .window import DEFAULT_WINDOW_US, ProgressiveWindow
@@ -48,7 +49,7 @@ WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU wor
 
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, spin_s=0.0,
-                 **hints):
+                 whole_process=False, **hints):
         # recorder: record() -> handle, done(handle) (never blocks), wait(handle), device_key() -> an
         #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
@@ -89,11 +90,30 @@ class Gate:
         self._watch = deque()
         self._watch_cv = threading.Condition()
         self._watcher = None
+        self.level = 1                             # 3 while the daemon preempts us through KFD (no gating)
+        self._daemon_wake = None                   # where to poke the daemon when our activity changes
         self.board.reap()                          # clients that died since: they guard nobody
-        self.slot = self.board.allocate(os.getpid(), self.priority, threading.get_native_id(), self.device)
-        for key, value in self.hints.items():
-            self.board.set_hint(self.slot, key, value)
+        tid = 0 if whole_process else threading.get_native_id()
+        self.slot = self._register(tid)
+        if self.device:
+            self.board.set_device(self.slot, self.device)
         self._refresh(time.monotonic())
+
+    def _register(self, tid):
+        """A slot: from the daemon when one serves this board (it is then the one writer of the
+        slot's identity and hints, and may preempt us at Lv3), else straight from the board."""
+        if self.board.daemon_pid():
+            try:
+                reply = daemon_link.request({"op": "register", "priority": self.priority, "tid": tid,
+                                             "hints": self.hints})
+            except ConnectionError:
+                reply = {}
+            if isinstance(reply.get("slot"), int):
+                return reply["slot"]
+        slot = self.board.allocate(os.getpid(), self.priority, tid, self.device)
+        for key, value in self.hints.items():
+            self.board.set_hint(slot, key, value)
+        return slot
 
     # --- the board's view ----------------------------------------------------------------------------
 
@@ -113,12 +133,17 @@ class Gate:
             self.slot = None
             self._set_mode(False, False)
             return
+        daemon = board.daemon_pid()
+        self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if daemon else None
+        # Lv3: the daemon suspends our queues when we must yield; a dead daemon's word no longer holds
+        self.level = 3 if daemon and board.read_slot(self.slot).level == 3 else 1
         mine = me.hints.get("priority", 0)
         peers = [q.hints.get("priority", 0) for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
-            self._set_mode(any(p > mine for p in peers), any(p < mine for p in peers))
+            guarded, tracking = any(p > mine for p in peers), any(p < mine for p in peers)
         else:                                       # shares, deadlines: everyone may have to yield
-            self._set_mode(bool(peers), bool(peers))
+            guarded, tracking = bool(peers), bool(peers)
+        self._set_mode(guarded and self.level < 3, tracking)
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command
@@ -192,6 +217,8 @@ class Gate:
         slot = self.slot
         if slot is not None:
             self.board.set_active(slot, active)
+            if self._daemon_wake:
+                daemon_link.poke(self._daemon_wake)     # Lv3: suspend or resume the clients below now
         with _LOCAL_WRITES:
             _LOCAL_WRITES.notify_all()             # threads of this process held back by us
 
@@ -249,6 +276,9 @@ class Gate:
 
     def _wait_turn(self, start):
         self.waits += 1
+        slot = self.slot
+        if slot is not None:
+            self.board.write(slot, held=1, announce=False)       # for `xsched-lv3 status`
         last_reap = start
         poll = POLL_MIN_S
         spin_until = start + self.spin_s
@@ -272,13 +302,15 @@ class Gate:
                 last_reap = now
             self._refresh(now)
         self.held_s += time.monotonic() - start
+        if slot is not None and slot == self.slot:
+            self.board.write(slot, held=0, held_s=self.held_s, announce=False)
         if self.window is not None:
             self.window.paused()
 
     def stats(self):
         """What this client went through, for reports (`XSCHED_LV3_REPORT`, benchmarks)."""
         window = self.window
-        return {"priority": self.priority, "device": self.device, "guarded": self.guarded,
+        return {"priority": self.priority, "device": self.device, "level": self.level, "guarded": self.guarded,
                 "tracking": self.tracking, "requests": self._requests, "waits": self.waits,
                 "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points,
                 "blocked_syncs": self.blocked_syncs,

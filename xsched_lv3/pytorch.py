@@ -171,7 +171,7 @@ def enable_for_process():
         _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
                              os.environ.get("XSCHED_LV3_POLICY", "hpf"),
                              DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
-                             **hints)
+                             whole_process=True, **hints)
     except (OSError, ValueError, RuntimeError) as e:    # board unusable or full (`run` checked it before)
         # never fail the program's `import torch` over scheduling: it runs unscheduled, told once
         print(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled", file=sys.stderr)

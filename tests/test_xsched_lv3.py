@@ -1,0 +1,174 @@
+"""Lv3 through the daemon on the simulated KFD: separate OS processes with real (simulated) KFD
+queues, a daemon that attaches to them with ptrace + DBG_TRAP ENABLE, and the board on which
+their gates (played here by the test) mark requests active. Each test checks what a user would see:
+queues suspended while a higher-priority client is active, resumed after, and never left suspended
+(client exits, stops, the daemon killed with SIGKILL)."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kfdtool.cwsr.holds import suspended_by
+from simhelpers import start
+from xsched_lv3.board import Board
+from xsched_lv3.daemon_link import poke, request, wake_path
+
+DEVICE = 7                                   # the board's key for the GPU both clients use
+
+
+def wait_for(predicate, what, timeout=5.0, why=None):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}" + (f": {why()}" if why else "")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def setup(sim_dir, tmp_path, monkeypatch):
+    """A running simulated mi308x, two GPU processes on its first GPU, a daemon with Lv3."""
+    sim = start("mi308x")
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "d.sock"),
+               KFDTOOL_RUN_DIR=str(tmp_path / "run"))
+    for key in ("XSCHED_LV3_BOARD", "XSCHED_LV3_SOCKET", "KFDTOOL_RUN_DIR"):
+        monkeypatch.setenv(key, env[key])
+    workers = []
+    for role in ("hp-serve", "lp-train"):
+        proc = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.workload", "--sim", "mi308x", "--role", role,
+                                 "--queues", "2", "--waves", "200"], stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
+        workers.append(proc)
+    board = Board()
+    daemon = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", "mi308x"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([daemon.stdout], [], [], 20)
+    assert ready and "Lv3 through simulated mi308x" in daemon.stdout.readline()
+    ctx = Setup(sim, board, daemon, workers, str(tmp_path / "d.sock"))
+    yield ctx
+    for proc in workers + [daemon]:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    board.close()
+
+
+class Setup:
+    def __init__(self, sim, board, daemon, workers, sock):
+        self.sim, self.board, self.daemon, self.sock = sim, board, daemon, sock
+        self.hp, self.lp = workers
+        self.ctl = sim.control()
+
+    def queues(self, proc):
+        return self.ctl("queues", pid=proc.pid)["queues"]
+
+    def lp_suspended(self):
+        return all(q["suspended"] for q in self.queues(self.lp))
+
+    def lp_running(self):
+        return not any(q["suspended"] for q in self.queues(self.lp))
+
+    def client(self, proc, priority):
+        """What a gate does for a process under `xsched-lv3 run`: one slot, its GPU known."""
+        slot = self.board.allocate(proc.pid, priority, 0, DEVICE)
+        poke(wake_path(self.sock))
+        return slot
+
+    def set_active(self, slot, active):
+        self.board.set_active(slot, active)
+        poke(wake_path(self.sock))
+
+    def status(self, proc):
+        return next(c for c in request({"op": "status"}, self.sock)["clients"] if c["pid"] == proc.pid)
+
+
+def test_lv3_suspends_the_lower_client_while_the_higher_one_is_active(setup):
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "the daemon to take the LP to Lv3")
+    assert s.board.read_slot(hp).level == 1           # nobody above the HP: never attached
+    assert "DBG_TRAP" in s.status(s.lp)["why"]
+    assert s.lp_running()                             # the HP is idle: the LP runs
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "the LP's queues to be suspended")
+    assert not any(q["suspended"] for q in s.queues(s.hp))      # the HP's own queues run
+    assert set(suspended_by(s.lp.pid)) == {q["qid"] for q in s.queues(s.lp)}   # `kfdtool queues` names the holder
+    st = s.status(s.lp)
+    assert st["suspended"] and st["suspends"] == 1 and st["level"] == 3
+    s.set_active(hp, False)
+    wait_for(s.lp_running, "the LP's queues to be resumed")
+    assert suspended_by(s.lp.pid) == {}
+    for _ in range(3):                                # every request of the HP: suspend, then resume
+        s.set_active(hp, True)
+        wait_for(s.lp_suspended, "suspend")
+        s.set_active(hp, False)
+        wait_for(s.lp_running, "resume")
+    assert s.status(s.lp)["suspends"] == 4
+
+
+def test_daemon_killed_with_sigkill_leaves_nothing_suspended(setup):
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    s.daemon.send_signal(signal.SIGKILL)
+    s.daemon.wait()
+    # the kernel's debugger-exit path resumes what the dead debugger suspended
+    wait_for(s.lp_running, "the kernel to resume the queues of a dead debugger")
+    assert s.board.daemon_pid() == 0                  # gates fall back to Lv1 at once
+    assert all(q["debugger"] is None for q in s.queues(s.lp))
+
+
+def test_hp_that_exits_or_stops_while_active_releases_the_lp(setup):
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    s.hp.send_signal(signal.SIGSTOP)                  # stopped mid-request: it holds nobody
+    try:
+        wait_for(s.lp_running, "a stopped HP's hold to be excused", timeout=2)
+    finally:
+        s.hp.send_signal(signal.SIGCONT)
+    s.board.set_active(hp, False)
+    s.set_active(hp, True)                            # a new request of the same HP counts again
+    wait_for(s.lp_suspended, "suspend after SIGCONT")
+    s.hp.kill()                                       # exits mid-request
+    s.hp.wait()
+    wait_for(s.lp_running, "resume after the HP died")
+    wait_for(lambda: s.board.read_slot(hp).pid == 0, "the dead HP's slot to be released")
+
+
+def test_lp_that_exits_while_suspended_and_daemon_stop_resume_everything(setup):
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    s.daemon.send_signal(signal.SIGTERM)              # a clean stop resumes before it exits
+    _, err = s.daemon.communicate(timeout=10)
+    assert s.daemon.returncode == 0 and "Traceback" not in err, err
+    assert s.lp_running()
+    assert suspended_by(s.lp.pid) == {}
+    assert s.board.daemon_pid() == 0
+
+
+def test_status_cli_shows_level_state_and_why(setup):
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    out = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--json"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    clients = {c["pid"]: c for c in json.loads(out.stdout)["clients"]}
+    assert clients[s.lp.pid]["level"] == 3 and clients[s.lp.pid]["suspended"]
+    assert clients[s.hp.pid]["active"] and not clients[s.hp.pid]["suspended"]
+    table = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], capture_output=True, text=True, timeout=30)
+    line = next(ln for ln in table.stdout.splitlines() if ln.split()[:1] == [str(s.lp.pid)])
+    assert "Lv3" in line and "suspended" in line and "DBG_TRAP" in line

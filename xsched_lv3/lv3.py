@@ -1,0 +1,320 @@
+"""Lv3 in the daemon: while a higher-priority client on its GPU is active, a client's KFD queues are
+suspended (DBG_TRAP SUSPEND_QUEUES: the scheduler preempts them and CWSR saves their waves), and they
+are resumed when it goes idle. A client under Lv3 launches with no per-launch gate at all (its gate
+only marks its requests active/idle for those below it), so it pays nothing per kernel, and it works
+for any framework, HIP graphs included. The high-priority client waits only for the save, not for
+the lower clients' in-flight work to drain (what Lv1 must wait for).
+
+The daemon takes the debugger role on a client (DBG_TRAP ENABLE inside a short PTRACE_SEIZE window,
+as `kfdtool preempt` does) once a higher-priority client shares its GPU and its GPU is in use (before
+that it has no KFD process). Its queues come from GET_QUEUE_SNAPSHOT, taken again before each suspend,
+which also clears EC_QUEUE_NEW, so queues created later are picked up. Each client's level and the
+reason are chosen here and shown by `xsched-lv3 status`; where Lv3 is not possible the client keeps
+its Lv1 gate.
+
+HWS reality (kfd_device_queue_manager.c: suspend_queues and resume_queues end in
+execute_queues_cpsch): every suspend and every resume unmaps and remaps *all* queues of the device,
+the high-priority client's included, so each one stalls everybody for a remap. Hence:
+  * one SUSPEND_QUEUES per client, all its queues in one call (the ioctl names one target pid, so
+    several clients cannot share a call);
+  * hysteresis: after the higher-priority client goes idle, the suspended ones stay suspended for as
+    long as the last resume plus suspend took (measured, per client). An HP that comes back within
+    that interval costs no resume/suspend pair; one that comes back later costs at most that much
+    extra LP time (the ski-rental rule: never worse than twice the best choice in hindsight);
+  * the grace period (waves allowed to finish before the save) is the shortest the hardware honours:
+    see `grace_period_for`.
+Nothing stays suspended: a client's queues are resumed when it no longer must yield, when it exits
+(pidfd), when the daemon stops, and, if the daemon is killed (even by kill -9), by the kernel's
+debugger-exit path (kfd_process.c: kfd_process_notifier_release_internal -> kfd_dbg_trap_disable of
+every process it debugged), which resumes every queue it suspended.
+"""
+import errno
+import os
+import time
+from dataclasses import dataclass, replace
+
+from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
+from kfdtool.cwsr.holds import Hold, ensure_run_dir
+from kfdtool.cwsr.params import read_parameters
+from kfdtool.cwsr.sizing import cwsr_sizes
+from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess
+from kfdtool.pids import stopped
+from kfdtool.topology import read_topology
+
+from .policy import shares_device
+
+LV1, LV3 = 1, 3
+RETRY_ATTACH_S = 0.5           # a client whose GPU is not yet a KFD process: ask again this often
+# A mean wave life under which waiting (the grace period) would beat saving: ML kernels' waves live
+# tens of µs to ms. ESTIMATE, used only to pick the grace period (see grace_period_for).
+WAVE_LIFE_S = 1e-3
+MIN_GRACE = 1                  # 1K GPU clocks: 0 asks for the driver's default, which it forces to 1
+
+
+def grace_period_for(node):
+    """(grace period in 1K GPU clocks, why). The HP waits for grace + save; a grace period only
+    shortens the save by the waves that finish meanwhile. Saving a full device takes
+    wg_data_size x XCCs / HBM bandwidth (CWSR sizes from the kernel's formula or sysfs, bandwidth
+    from the node's memory banks: width x clock x 2, DDR), microseconds on a data-centre GPU, far
+    below a wave's life, so the shortest grace period the hardware honours is best."""
+    sizes = cwsr_sizes(node.props) if node is not None else None
+    bandwidth = _memory_bandwidth(node)
+    if sizes is None or not bandwidth:
+        return MIN_GRACE, "shortest grace period (no CWSR sizes or memory bandwidth to weigh)"
+    save_s = sizes.max_save_bytes / bandwidth
+    if save_s < WAVE_LIFE_S:
+        return MIN_GRACE, (f"shortest grace period: saving every wave takes ~{save_s * 1e6:.0f} µs, "
+                           f"less than waiting for waves to finish")
+    clock_hz = (node.props.get("max_engine_clk_fcompute") or 1500) * 1e6
+    return min(255, max(MIN_GRACE, int(WAVE_LIFE_S * clock_hz / 1024))), \
+        f"saving every wave takes ~{save_s * 1e3:.1f} ms: waves get a grace period to finish"
+
+
+def _memory_bandwidth(node):
+    if node is None:
+        return 0.0
+    total = 0.0
+    for bank in getattr(node, "mem_banks", ()):
+        props = getattr(bank, "props", {}) or {}
+        width, clock_mhz = props.get("width", 0), props.get("mem_clk_max", 0)
+        total += width / 8 * clock_mhz * 1e6 * 2
+    return total
+
+
+class Host:
+    """What Lv3 needs to know about this machine: its KFD (opened once), amdgpu's parameters and
+    the GPUs' topology, or why there is no KFD. `open_kfd` returns a kfdtool KfdDevice."""
+
+    def __init__(self, open_kfd, sysfs_root=None, max_level=LV3):
+        self.kfd, self.no_kfd = None, None
+        self.max_level = max_level
+        self.grace_period, self.grace_why = MIN_GRACE, ""
+        if max_level < LV3:
+            self.no_kfd = "Lv1: Lv3 turned off (xsched-lv3 daemon --max-level 1)"
+            return
+        try:
+            self.kfd = open_kfd()
+        except (Error, OSError) as e:
+            self.no_kfd = f"Lv1: no KFD ({e})"
+            return
+        self.params = read_parameters(sysfs_root)
+        try:
+            self.gpus = list(read_topology(sysfs_root).for_each_gpu())
+        except Error:
+            self.gpus = []
+        self.grace_period, self.grace_why = grace_period_for(self.gpus[0] if self.gpus else None)
+
+    def level_for(self, pid):
+        """(LV3, why) if the daemon may preempt `pid` through KFD here, else (LV1, why)."""
+        if self.kfd is None:
+            return LV1, self.no_kfd
+        abi = self.kfd.abi
+        verdict = availability(abi.minor, self.params.get("sched_policy"),
+                               [g.gfx_target_version for g in self.gpus], pid)
+        if not verdict.available:
+            return LV1, f"Lv1: {verdict.why}"
+        if not self.kfd.supports("DBG_TRAP"):
+            return LV1, f"Lv1: KFD ABI {abi} has no debugger API (needs 1.13)"
+        notes = "; ".join(n for n in verdict.notes if "MES" in n)
+        return LV3, "Lv3: KFD DBG_TRAP queue suspend (CWSR)" + (f"; {notes}" if notes else "")
+
+    def close(self):
+        if self.kfd is not None:
+            self.kfd.close()
+
+
+@dataclass
+class Client:
+    """One board slot as the engine sees it."""
+    slot: int
+    pid: int
+    level: int = LV1
+    why: str = "Lv1: waiting for its GPU to be in use"
+    mech: DebugTrapSuspend | None = None
+    retry_at: float = 0.0
+    suspended_at: float | None = None      # its queues are suspended since
+    release_at: float | None = None        # resume then, unless it must yield again before
+    switch_s: float = 0.0                  # last suspend + resume, wall time (the hysteresis)
+    suspends: int = 0
+    suspended_s: float = 0.0
+    hold: Hold | None = None               # the record `kfdtool queues` reads
+    queues: tuple = ()
+
+
+class Lv3Engine:
+    def __init__(self, board, host, policy, log=print):
+        self.board, self.host, self.policy, self.log = board, host, policy, log
+        self.clients = {}                  # slot -> Client
+        self.excused = set()               # (slot, ready_since) of activations whose process is stopped
+        self.last_check = 0.0
+
+    # --- the one entry point: read the board, act ------------------------------------------------
+    def sync(self, now=None):
+        """Bring every client's queues in line with the policy. Returns when to be called again
+        at the latest (a pending resume), or None."""
+        now = time.monotonic() if now is None else now
+        board = self.board
+        slots = dict(board.slots())
+        for slot in [s for s in self.clients if s not in slots or slots[s].pid != self.clients[s].pid]:
+            self.forget(slot)
+        per_pid = {}
+        for slot, s in slots.items():
+            per_pid[s.pid] = per_pid.get(s.pid, 0) + 1
+            if slot not in self.clients:
+                self.clients[slot] = Client(slot, s.pid)
+                board.write(slot, level=LV1, suspended=0, suspends=0, suspended_s=0.0, announce=False)
+        states = board.states()
+        if now - self.last_check > 0.05:    # a stopped HP (SIGSTOP, a debugger) holds nobody
+            self.last_check = now
+            self.excused = {(q.id, q.ready_since) for q in states if q.ready and stopped(q.pid)}
+        if self.excused:
+            states = [replace(q, ready=False) if (q.id, q.ready_since) in self.excused else q for q in states]
+        run = self.policy.decide(states, now).run
+        wake_at = None
+        for q in states:
+            c = self.clients[q.id]
+            must_yield = q.id not in run
+            above = any(o.hints.get("priority", 0) > q.hints.get("priority", 0) and shares_device(o.device, q.device)
+                        for o in states if o.id != q.id) or not self.policy.strict_priority
+            if c.mech is None and (above or must_yield):
+                self._attach(c, q, per_pid[q.pid], now)
+            if c.mech is None:
+                continue
+            if must_yield:
+                c.release_at = None
+                if c.suspended_at is None:
+                    self._suspend(c, now)
+            elif c.suspended_at is not None:
+                if c.release_at is None:
+                    c.release_at = now + c.switch_s
+                if now >= c.release_at:
+                    self._resume(c)
+                else:
+                    wake_at = c.release_at if wake_at is None else min(wake_at, c.release_at)
+        return wake_at
+
+    # --- attach -------------------------------------------------------------------------------------
+    def _attach(self, c, q, clients_in_process, now):
+        if now < c.retry_at:                # inf: decided for good
+            return
+        if clients_in_process > 1:
+            return self._stay_lv1(c, f"Lv1: one of {clients_in_process} clients in pid {c.pid} "
+                                     "(KFD queues belong to the process, not to a thread)", final=False, now=now)
+        if not q.device:
+            c.why = "Lv1: waiting for its GPU to be in use"
+            return
+        if os.geteuid() != 0 and _owner(c.pid) != os.geteuid():
+            return self._stay_lv1(c, f"Lv1: pid {c.pid} is not ours")
+        level, why = self.host.level_for(c.pid)
+        if level < LV3:
+            return self._stay_lv1(c, why)
+        try:
+            c.mech = DebugTrapSuspend(self.host.kfd, c.pid, read_wave_state=False)
+        except AttachDenied as e:
+            return self._stay_lv1(c, f"Lv1: ptrace refused ({e})")
+        except AlreadyDebugged:
+            return self._stay_lv1(c, f"Lv1: another debugger (rocgdb?) is attached to pid {c.pid}")
+        except NoSuchProcess:
+            return self._stay_lv1(c, f"Lv1: pid {c.pid} is gone", final=False, now=now)
+        except KfdIoctlError as e:
+            if e.errno == errno.ESRCH:      # not a KFD process yet: its runtime has not opened /dev/kfd
+                return self._stay_lv1(c, "Lv1: not a KFD process yet", final=False, now=now)
+            if e.errno == errno.ENODEV:
+                return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
+            return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
+        c.level, c.why = LV3, why
+        self.board.write(c.slot, level=LV3)          # announced: its gate stops gating
+        self.log(f"pid {c.pid}: {why}")
+
+    def _stay_lv1(self, c, why, final=True, now=0.0):
+        if why != c.why:
+            self.log(f"pid {c.pid}: {why}")
+        c.level, c.why = LV1, why
+        c.retry_at = float("inf") if final else now + RETRY_ATTACH_S
+
+    # --- suspend / resume ----------------------------------------------------------------------------
+    def _suspend(self, c, now):
+        started = time.monotonic()
+        try:
+            result = c.mech.suspend(None, self.host.grace_period)   # every queue, snapshot refreshed
+        except Error as e:
+            return self._lost(c, f"suspend failed ({e})")
+        c.switch_s = time.monotonic() - started
+        c.queues = tuple(o.qid for o in result.outcomes if o.ok)
+        c.suspended_at = now
+        c.suspends += 1
+        self.board.write(c.slot, suspended=1, suspends=c.suspends, announce=False)
+        try:
+            if c.hold is None and ensure_run_dir():
+                c.hold = Hold(c.pid, c.queues, "xsched-lv3 daemon").__enter__()
+            elif c.hold is not None:
+                c.hold.update(c.queues)
+        except OSError:
+            c.hold = None                   # `kfdtool queues` will not name us; the queues are fine
+
+    def _resume(self, c):
+        started = time.monotonic()
+        try:
+            c.mech.resume()
+        except Error as e:
+            return self._lost(c, f"resume failed ({e})")
+        c.switch_s += time.monotonic() - started
+        self._resumed(c)
+
+    def _resumed(self, c):
+        if c.suspended_at is not None:
+            c.suspended_s += time.monotonic() - c.suspended_at
+        c.suspended_at = c.release_at = None
+        if c.hold is not None:
+            c.hold.update(())
+        if self.board.read_slot(c.slot).pid == c.pid:
+            self.board.write(c.slot, suspended=0, suspended_s=c.suspended_s, announce=False)
+
+    def _lost(self, c, why):
+        """The target went away or the kernel refused: drop the debugger role (DISABLE resumes
+        whatever is left) and let its gate take over again."""
+        self.log(f"pid {c.pid}: {why}; back to Lv1")
+        self._release(c)
+        c.level, c.why, c.retry_at = LV1, f"Lv1: {why}", time.monotonic() + RETRY_ATTACH_S
+        if self.board.read_slot(c.slot).pid == c.pid:
+            self.board.write(c.slot, level=LV1)
+
+    def _release(self, c):
+        mech, c.mech = c.mech, None
+        if mech is not None:
+            try:
+                mech.close()                # resume + DISABLE; ESRCH (target gone) is fine
+            except Error as e:
+                self.log(f"pid {c.pid}: releasing failed ({e}); the kernel resumes its queues when we exit")
+        self._resumed(c)
+        if c.hold is not None:
+            c.hold.__exit__(None, None, None)
+            c.hold = None
+
+    def forget(self, slot):
+        c = self.clients.pop(slot, None)
+        if c is not None:
+            self._release(c)
+
+    def close(self):
+        for slot in list(self.clients):
+            self.forget(slot)
+
+    # --- status --------------------------------------------------------------------------------------
+    def describe(self, slot):
+        c = self.clients.get(slot)
+        if c is None:
+            return {"level": LV1, "why": "Lv1: not seen by the daemon yet"}
+        out = {"level": c.level, "why": c.why, "suspends": c.suspends,
+               "suspended_s": c.suspended_s + (time.monotonic() - c.suspended_at if c.suspended_at else 0.0)}
+        if c.suspended_at is not None:
+            out["queues"] = list(c.queues)
+        return out
+
+
+def _owner(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
