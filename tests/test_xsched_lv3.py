@@ -53,6 +53,8 @@ def setup(sim_dir, tmp_path, monkeypatch):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+    if daemon.stderr and not daemon.stderr.closed:
+        print("daemon log:", daemon.stderr.read())       # shown when a test failed
     board.close()
 
 
@@ -88,19 +90,21 @@ class Setup:
 def test_lv3_suspends_the_lower_client_while_the_higher_one_is_active(setup):
     s = setup
     hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
-    wait_for(lambda: s.board.read_slot(lp).level == 3, "the daemon to take the LP to Lv3")
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "the daemon to take the LP to Lv3",
+             why=lambda: s.status(s.lp)["why"])
     assert s.board.read_slot(hp).level == 1           # nobody above the HP: never attached
     assert "DBG_TRAP" in s.status(s.lp)["why"]
     assert s.lp_running()                             # the HP is idle: the LP runs
     s.set_active(hp, True)
     wait_for(s.lp_suspended, "the LP's queues to be suspended")
     assert not any(q["suspended"] for q in s.queues(s.hp))      # the HP's own queues run
-    assert set(suspended_by(s.lp.pid)) == {q["qid"] for q in s.queues(s.lp)}   # `kfdtool queues` names the holder
+    qids = {q["qid"] for q in s.queues(s.lp)}
+    wait_for(lambda: set(suspended_by(s.lp.pid)) == qids, "`kfdtool queues` to name the daemon as holder")
     st = s.status(s.lp)
     assert st["suspended"] and st["suspends"] == 1 and st["level"] == 3
     s.set_active(hp, False)
     wait_for(s.lp_running, "the LP's queues to be resumed")
-    assert suspended_by(s.lp.pid) == {}
+    wait_for(lambda: suspended_by(s.lp.pid) == {}, "the hold record to be cleared")
     for _ in range(3):                                # every request of the HP: suspend, then resume
         s.set_active(hp, True)
         wait_for(s.lp_suspended, "suspend")

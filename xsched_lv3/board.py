@@ -213,10 +213,10 @@ class Board:
         """[(index, Slot)] of every occupied slot."""
         return [(i, s) for i in range(SLOTS) for s in (self.read_slot(i),) if s.pid]
 
-    def states(self):
-        """QueueStates of every occupied slot (id = slot index)."""
+    def states(self, slots=None):
+        """QueueStates of every occupied slot (id = slot index), or of `slots` read before."""
         out = []
-        for i, s in self.slots():
+        for i, s in (self.slots() if slots is None else slots):
             hints = {"priority": s.priority}
             for name in ("utilization", "deadline_us", "laxity_us"):
                 value = getattr(s, name)

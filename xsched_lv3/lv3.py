@@ -154,7 +154,8 @@ class Lv3Engine:
         at the latest (a pending resume), or None."""
         now = time.monotonic() if now is None else now
         board = self.board
-        slots = dict(board.slots())
+        snapshot = board.slots()           # one read: the states below are of these same slots
+        slots = dict(snapshot)
         for slot in [s for s in self.clients if s not in slots or slots[s].pid != self.clients[s].pid]:
             self.forget(slot)
         per_pid = {}
@@ -163,7 +164,7 @@ class Lv3Engine:
             if slot not in self.clients:
                 self.clients[slot] = Client(slot, s.pid)
                 board.write(slot, level=LV1, suspended=0, suspends=0, suspended_s=0.0, announce=False)
-        states = board.states()
+        states = board.states(snapshot)
         if now - self.last_check > 0.05:    # a stopped HP (SIGSTOP, a debugger) holds nobody
             self.last_check = now
             self.excused = {(q.id, q.ready_since) for q in states if q.ready and stopped(q.pid)}
