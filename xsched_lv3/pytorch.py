@@ -18,15 +18,13 @@ A client with nobody above it pays one wrapper per module call and one board rea
     with xt.client(priority=10):      # this thread is latency-critical
         y = model(x)
 """
-import atexit
-import json
-import os
 import sys
 import threading
 import zlib
 from contextlib import contextmanager
 
-from .gate import PROCESS_SPIN_S, Gate
+from .gate import Gate
+from .runenv import process_gate
 from .window import DEFAULT_WINDOW_US
 
 _local = threading.local()
@@ -161,31 +159,5 @@ def enable_for_process():
     process is one client with the priority and hints from the environment."""
     global _process_gate
     install()
-    hints = {}
-    for env, name in (("XSCHED_LV3_UTILIZATION", "utilization"), ("XSCHED_LV3_DEADLINE_US", "deadline_us"),
-                      ("XSCHED_LV3_LAXITY_US", "laxity_us")):
-        if os.environ.get(env):
-            hints[name] = float(os.environ[env])
-    window = os.environ.get("XSCHED_LV3_WINDOW_US")
-    try:
-        _process_gate = Gate(TorchRecorder(), int(os.environ.get("XSCHED_LV3_PRIORITY", "0")),
-                             os.environ.get("XSCHED_LV3_POLICY", "hpf"),
-                             DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
-                             whole_process=True, **hints)
-    except (OSError, ValueError, RuntimeError) as e:    # board unusable or full (`run` checked it before)
-        # never fail the program's `import torch` over scheduling: it runs unscheduled, told once
-        print(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled", file=sys.stderr)
-        return None
-    atexit.register(_process_gate.close)     # its slot goes with it, after the report (atexit is LIFO)
-    if os.environ.get("XSCHED_LV3_REPORT"):
-        atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], _process_gate)
+    _process_gate = process_gate(TorchRecorder())
     return _process_gate
-
-
-def _write_report(path, gate):
-    """XSCHED_LV3_REPORT=FILE: the process's scheduling stats as JSON when it exits."""
-    try:
-        with open(path, "w") as f:
-            json.dump(gate.stats(), f)
-    except OSError as e:
-        print(f"xsched-lv3: cannot write report {path}: {e}", file=sys.stderr)

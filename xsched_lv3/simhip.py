@@ -1,0 +1,95 @@
+"""Schedule programs written against the simulator's HIP-like runtime (`kfdtool.sim.hip`) the way
+`xsched_lv3.pytorch` schedules PyTorch: without changing them, under `xsched-lv3 run`.
+
+`SimModel.__call__` plays `torch.nn.Module.__call__` (a top-level call is one request) and each
+`SimHip.launch` inside it is a leaf (gated before, counted by the window after) while the client
+is held at Lv1. At Lv3 (the daemon suspends this process's KFD queues) nothing is gated: the
+wrappers only mark requests active and idle. This is what the simulated end-to-end benchmark runs.
+"""
+import threading
+import zlib
+
+from .runenv import process_gate
+
+_local = threading.local()
+_process_gate = None
+_installed = False
+
+
+class SimHipRecorder:
+    """Sync points as events on the stream this process last launched on, and its GPU."""
+
+    def __init__(self):
+        self.hip = None
+        self.stream = None
+
+    def record(self):
+        if self.stream is None:
+            return None
+        return self.hip.record(self.stream)
+
+    def done(self, event):
+        return event is None or self.hip.query(event)
+
+    def wait(self, event):
+        if event is not None:
+            self.hip.synchronize(event)
+
+    def device_key(self):
+        """Nonzero once this process launched on a GPU, naming it the same way in every process
+        (its KFD gpu_id is the machine's name for it)."""
+        if self.stream is None:
+            return None
+        return zlib.crc32(f"kfd-gpu-{self.stream.gpu_id}".encode()) or 1
+
+
+def install():
+    """Wrap SimModel.__call__ (requests) and SimHip.launch (leaves) once."""
+    global _installed
+    if _installed:
+        return
+    from kfdtool.sim import hip as sim_hip
+    call, launch = sim_hip.SimModel.__call__, sim_hip.SimHip.launch
+
+    def scheduled_call(model, *args, **kwargs):
+        gate = _process_gate
+        if gate is None or getattr(_local, "inside", False):
+            return call(model, *args, **kwargs)
+        gate.begin_request()
+        _local.inside = True
+        try:
+            if gate.guarded:
+                gate.check()
+            return call(model, *args, **kwargs)
+        finally:
+            _local.inside = False
+            gate.end_request()              # also when the request raised: never left active
+
+    def scheduled_launch(hip, stream, *args, **kwargs):
+        gate = _process_gate
+        if gate is None:
+            return launch(hip, stream, *args, **kwargs)
+        recorder = gate.recorder
+        if recorder.stream is not stream:
+            recorder.hip, recorder.stream = hip, stream
+        if not gate.guarded:
+            return launch(hip, stream, *args, **kwargs)
+        if gate.board_generation[0] != gate.seen_generation or not gate.clear_to_run:
+            gate.check()
+        out = launch(hip, stream, *args, **kwargs)
+        if gate.guarded:
+            gate.after_leaf()
+        return out
+
+    sim_hip.SimModel.__call__ = scheduled_call
+    sim_hip.SimHip.launch = scheduled_launch
+    _installed = True
+
+
+def enable_for_process():
+    """What `xsched-lv3 run` does once `kfdtool.sim.hip` is imported: the whole process is one
+    client with the priority and hints from the environment (as for PyTorch)."""
+    global _process_gate
+    install()
+    _process_gate = process_gate(SimHipRecorder())
+    return _process_gate
