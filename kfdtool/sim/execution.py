@@ -101,10 +101,11 @@ class Execution:
         return q.completed
 
     def stall(self, gpu_id, seconds, now_ns):
-        """An HWS unmap+map: no queue of the device progresses for `seconds` from now."""
+        """An HWS unmap+map: no queue of the device progresses for `seconds`, from now or from
+        the end of a remap still under way (the DQM lock serialises them)."""
         clock = self.clocks[gpu_id]
         self._catch_up(clock, now_ns)
-        clock.stalled_until_ns = max(clock.stalled_until_ns, now_ns + int(seconds * 1e9))
+        clock.stalled_until_ns = max(clock.stalled_until_ns, now_ns) + int(seconds * 1e9)
         clock.epoch += 1
 
     def replan(self, now_ns):

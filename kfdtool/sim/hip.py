@@ -127,6 +127,9 @@ class SimHip(SimHipRuntime):
 
     def __init__(self, machine_name, max_hw_queues=None):
         from ..device import KfdDevice
+        from ..errors import Busy
+        from ..ioctls.constants import KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK
+        from ..ioctls.structs import kfd_ioctl_runtime_enable_args
         from . import runner
         from .workload import FakeRuntime
         sim = runner.machine(machine_name)
@@ -134,7 +137,12 @@ class SimHip(SimHipRuntime):
             raise SimulatorError(f"simulated {machine_name} is not running (start it: kfdtool sim start {machine_name})")
         self.machine_name = machine_name
         self._kfd = KfdDevice(sim.open_kfd())
-        super().__init__(FakeRuntime(self._kfd, sim.sysfs_root), max_hw_queues)
+        runtime = FakeRuntime(self._kfd, sim.sysfs_root, runtime_enable=False)
+        try:
+            self._kfd.ioctl("RUNTIME_ENABLE", kfd_ioctl_runtime_enable_args(0, KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
+        except Busy:           # a second SimHip in one process: the process is runtime-enabled once
+            pass
+        super().__init__(runtime, max_hw_queues)
         self.gpus = [node.gpu_id for node in self.rt.topology.for_each_gpu()]
         self._streams = 0
         self._closed = False
