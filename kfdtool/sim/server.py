@@ -406,7 +406,8 @@ class SimServer:
         try:
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
-            self._sleep(conn, blocked, lambda: self._finish_ioctl(conn, blocked, bytes(arg)))
+            out = bytes(arg)        # `blocked` is unbound once the except clause ends: bind it now
+            self._sleep(conn, blocked, lambda blocked=blocked: self._finish_ioctl(conn, blocked, out))
             return
         except Exception:                      # a simulator bug must not take the machine down
             self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
