@@ -5,7 +5,7 @@ its kernel side never runs kfdtool's own logic (its sysfs parser, topology reade
 error tree). Its kernel side may import the stdlib, ioctl-opt, kfdtool.ioctls (ctypes structs,
 enums, request numbers: the ABI both sides share, as uapi/linux/kfd_ioctl.h is shared) and
 kfdtool.pids (a stdlib-only pidfd helper: process liveness, not KFD logic). Its user-space side
-(client.py, control.py, runner.py, workload.py: the stand-in for libhsakmt/HIP) may use kfdtool."""
+(client.py, control.py, runner.py, workload.py, hip.py: the stand-in for libhsakmt/HIP) may use kfdtool."""
 import ast
 import subprocess
 import sys
@@ -15,8 +15,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kfdtool"
 KERNEL_SIDE = ("kernel", "dbg_trap", "smi", "memory", "state", "timing", "proc_sysfs", "machine", "server",
-               "cwsr", "hip", "nodes", "errors", "protocol")
-USER_SIDE = ("client", "control", "runner", "workload")
+               "cwsr", "nodes", "errors", "protocol", "execution")
+USER_SIDE = ("client", "control", "runner", "workload", "hip")
 # What the kernel side may import from kfdtool, besides its own kernel-side modules.
 ALLOWED = ("kfdtool.ioctls", "kfdtool.pids", "kfdtool.ratelog")
 

@@ -7,6 +7,7 @@ the request and the kernel's writes come back, as copy_from_user/copy_to_user wo
 """
 import ctypes
 import errno
+import json
 import os
 import threading
 
@@ -133,6 +134,10 @@ class SimBackend:
 
     @property
     def sock(self):
+        return self._channel().sock
+
+    def _channel(self):
+        """This thread's connection (opened as this KFD process's fd by its opener)."""
         pid = os.getpid()
         channel = getattr(self._local, "channel", None)
         if channel is None or self._local.pid != pid:      # a new thread, or a forked child
@@ -141,7 +146,7 @@ class SimBackend:
                 channel.call_json(b"O")
             self._local.channel, self._local.pid = channel, pid
             self._channels.append(channel)
-        return channel.sock
+        return channel
 
     def close(self):
         for channel in self._channels:
@@ -181,6 +186,13 @@ class SimBackend:
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))
         return ret
+
+    def doorbell(self, op, **fields):
+        """Write AQL packets / read or wait on a completion signal of one of our queues (no ioctl
+        on a real GPU: the ring, doorbell and signal are mapped memory). On this thread's own
+        connection, so a `wait` blocks only this thread (the GIL is released while it does).
+        Returns the server's JSON reply; SimulatorError with its one-line reason on refusal."""
+        return self._channel().call_json(b"D" + json.dumps({"op": op, **fields}).encode())
 
     def read_memory(self, pid, addr, length):
         """/proc/<pid>/mem's stand-in (kfdtool.device's backend interface): what the simulated

@@ -4,6 +4,9 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
   client: b"O" open /dev/kfd (the process that sends it becomes a KFD process)
           b"I" ioctl: <request u32, arg len u32, regions u32> arg, regions
           b"C" control: a JSON object
+          b"D" doorbell: a JSON object {"op": "dispatch" | "query" | "wait", "qid": ...}, on the
+               caller's own queues (what user space does without an ioctl: write AQL packets and
+               ring the doorbell, read or wait on a completion signal)
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32> out, regions (+ SCM_RIGHTS)
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
@@ -68,15 +71,20 @@ def parse_ioctl(body):
     return request, arg, regions
 
 
-def parse_control(body):
-    """A control request's body: the JSON object with its "op"."""
+def parse_json_object(body, what):
+    """A control or doorbell request's body: one JSON object."""
     try:
         msg = json.loads(body)
     except (ValueError, RecursionError) as e:          # UnicodeDecodeError is a ValueError
-        raise ProtocolError(f"control message is not JSON: {e}") from None
+        raise ProtocolError(f"{what} message is not JSON: {e}") from None
     if not isinstance(msg, dict):
-        raise ProtocolError(f"control message is a JSON {type(msg).__name__}, not an object")
+        raise ProtocolError(f"{what} message is a JSON {type(msg).__name__}, not an object")
     return msg
+
+
+def parse_control(body):
+    """A control request's body: the JSON object with its "op"."""
+    return parse_json_object(body, "control")
 
 
 def frame(payload):

@@ -11,6 +11,10 @@ to the kernel's socket buffer in full (and no call of it sleeps in the simulated
 client that stops reading, or is stopped mid-reply, holds up only itself. Bytes that break the
 protocol close that connection with a reason in server.log; the server keeps serving the rest.
 
+The simulated GPUs execute the kernels that processes ring into their queues (execution.py): after
+every request the server re-plans which kernels run, and a timerfd wakes it when a kernel someone
+waits on completes. A wait sleeps like a blocked ioctl: only its own connection waits.
+
     python -m kfdtool.sim.server --preset mi308x --dir /tmp/kfdtool-sim-0/mi308x
 """
 import argparse
@@ -30,11 +34,12 @@ from pathlib import Path
 from ..pids import ExitWatch, alive
 from ..ratelog import RateLimitedLog
 from .errors import Blocked, SimErrno
+from .execution import Execution, WakeTimer
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
 from .protocol import (LEN, MAX_FRAME_BYTES, REPLY, ProtocolError, frame, json_frame, pack_regions,
-                       parse_control, parse_ioctl)
+                       parse_control, parse_ioctl, parse_json_object)
 from .state import SimQueue
 from .timing import max_waves
 
@@ -127,9 +132,14 @@ class SimServer:
         self.kfd.patched_preempt = patched_preempt
         self.kfd.timing.realtime = realtime
         self.kfd.smi.on_close = self._forget
+        self.execution = Execution(self.kfd)
+        self.kfd.timing.on_stall = self.execution.stall
+        self.wake = WakeTimer()         # fires when a waited-on kernel completes
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
-        self.blocked = []             # (conn, Blocked, out bytes)
+        # calls that sleep: (conn, Blocked, respond() that finishes the call and replies,
+        # deadline() -> monotonic ns it may be ready at or None; a wait's projected completion)
+        self.blocked = []
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
         self.socket_path = self.dir / "kfd.sock"
@@ -154,6 +164,7 @@ class SimServer:
         self.listener.listen(1024)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+        self.sel.register(self.wake, selectors.EVENT_READ, ("wake", None))
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         (self.dir / "ready").write_text(str(os.getpid()))
         while self.running:
@@ -170,7 +181,10 @@ class SimServer:
                 elif kind == "owner":
                     self.log(f"pid {obj} exited; stopping (KFDTOOL_SIM_EXIT_WITH)")
                     self.running = False
+                elif kind == "wake":
+                    self.wake.acknowledge()
             self._retry_blocked()
+            self._arm_wake()
             self._register_smi()
             self._resume_accepting()
         for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
@@ -290,10 +304,13 @@ class SimServer:
             self._ioctl(conn, sender, *parse_ioctl(body))
         elif kind == b"C":
             self._send(conn, json_frame(self._control(conn, parse_control(body))))
+        elif kind == b"D":
+            self._doorbell(conn, sender, parse_json_object(body, "doorbell"))
         elif not kind:
             raise ProtocolError("an empty message")
         else:
             raise ProtocolError(f"unknown message kind {kind!r}")
+        self.execution.replan(time.monotonic_ns())     # the request may have changed what runs
 
     # --- replies ------------------------------------------------------------------------------
     def _send(self, conn, data, fds=()):
@@ -378,6 +395,7 @@ class SimServer:
         self.exits.exited(pid)
         self.kfd.release_process(pid)
         self.kfd.timing.settle()
+        self.execution.replan(time.monotonic_ns())
 
     def _ioctl(self, conn, caller, request, arg, regions):
         """kfd_chardev.c: kfd_ioctl on this connection's fd; `caller` (pid, uid) is `current`."""
@@ -388,8 +406,8 @@ class SimServer:
         try:
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
-            conn.sleeping = True
-            self.blocked.append((conn, blocked, bytes(arg)))
+            out = bytes(arg)        # `blocked` is unbound once the except clause ends: bind it now
+            self._sleep(conn, blocked, lambda blocked=blocked: self._finish_ioctl(conn, blocked, out))
             return
         except Exception:                      # a simulator bug must not take the machine down
             self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
@@ -404,6 +422,20 @@ class SimServer:
         msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds)) + out + pack_regions(regions.items()))
         self._send(conn, msg, fds)
 
+    def _sleep(self, conn, blocked, respond, deadline=None):
+        """`conn`'s call sleeps until `blocked.ready()`; then `respond()` answers it."""
+        conn.sleeping = True
+        self.blocked.append((conn, blocked, respond, deadline))
+
+    def _finish_ioctl(self, conn, blocked, out):
+        try:
+            ret = blocked.finish()
+        except SimErrno as e:
+            ret = -e.errno
+        self.kfd.timing.settle()
+        self.execution.replan(time.monotonic_ns())
+        self._reply(conn, ret, out, {})
+
     def _retry_blocked(self):
         while True:
             ready = [b for b in self.blocked if b[1].ready()]
@@ -411,16 +443,78 @@ class SimServer:
                 return
             for entry in ready:
                 self.blocked.remove(entry)
-                conn, blocked, out = entry
-                try:
-                    ret = blocked.finish()
-                except SimErrno as e:
-                    ret = -e.errno
-                self.kfd.timing.settle()
+                conn, _blocked, respond, _deadline = entry
                 conn.sleeping = False
-                self._reply(conn, ret, out, {})
+                respond()
                 self._take_requests(conn)
                 self._watch(conn)
+
+    def _arm_wake(self):
+        """The timerfd fires at the earliest moment a sleeping wait may be answered."""
+        deadlines = [d for d in (entry[3]() for entry in self.blocked if entry[3]) if d is not None]
+        self.wake.arm(min(deadlines) if deadlines else None)
+
+    # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
+    def _doorbell(self, conn, sender, msg):
+        """dispatch / query / wait on a queue of the connection's KFD process, by that process."""
+        caller_pid, _uid = sender
+        op, qid = msg.get("op"), msg.get("qid")
+        if conn.opener is None:
+            return self._send(conn, json_frame({"error": "doorbell on a connection that has not opened the "
+                                                         "simulated /dev/kfd"}))
+        if caller_pid != conn.opener:       # like the ioctls: the fd's queues are its opener's
+            return self._send(conn, json_frame({"error": f"pid {caller_pid} may not ring pid {conn.opener}'s "
+                                                         f"doorbells"}))
+        proc = self.kfd.processes.get(conn.opener)
+        q = proc.queues.get(qid) if proc is not None and isinstance(qid, int) else None
+        if q is None:
+            return self._send(conn, json_frame({"error": f"pid {conn.opener} has no queue {qid!r:.30}"}))
+        now = time.monotonic_ns()
+        if op == "dispatch":
+            try:
+                dispatched = self.execution.dispatch(proc, q, msg.get("kernels"), now)
+            except ValueError as e:
+                return self._send(conn, json_frame({"error": f"dispatch to queue {qid}: {e}"}))
+            return self._send(conn, json_frame({"ok": True, "dispatched": dispatched}))
+        if op == "query":
+            return self._send(conn, json_frame({"ok": True, "completed": self.execution.completed(q, now),
+                                                "dispatched": q.dispatched}))
+        if op == "wait":
+            count = msg.get("count")
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= q.dispatched:
+                return self._send(conn, json_frame({"error": f"wait on queue {qid}: count must be an integer in "
+                                                             f"[0, {q.dispatched}] (dispatched so far), "
+                                                             f"got {count!r:.30}"}))
+            return self._wait(conn, proc, q, count)
+        return self._send(conn, json_frame({"error": f"unknown doorbell op {op!r:.30}"}))
+
+    def _wait(self, conn, proc, q, count):
+        """Answer when `q` has completed `count` kernels; an error if the queue goes first."""
+        def gone():
+            return not proc.alive or proc.queues.get(q.qid) is not q
+
+        def ready():
+            return gone() or self.execution.completed(q, time.monotonic_ns()) >= count
+
+        def respond():
+            if self.execution.completed(q, time.monotonic_ns()) >= count:
+                reply = {"ok": True, "completed": q.completed}
+            else:
+                reply = {"error": f"queue {q.qid} of pid {proc.pid} was destroyed before completing {count} "
+                                  f"kernels ({q.completed} done)"}
+            self._send(conn, json_frame(reply))
+
+        clock = self.execution.clocks[q.gpu_id]
+        projection = [None, None]                    # [device epoch, projected ns]: recomputed on change
+
+        def deadline():
+            if projection[0] != clock.epoch:
+                projection[:] = clock.epoch, self.execution.projected_done_ns(q, count)
+            return projection[1]
+
+        if ready():
+            return respond()
+        self._sleep(conn, Blocked(ready, None), respond, deadline)
 
     def _forget(self, sock):
         try:
@@ -523,11 +617,15 @@ class SimServer:
     def ctl_queues(self, conn, msg):
         proc = self._proc(msg)
         out = []
+        now = time.monotonic_ns()
         for q in proc.queues.values():
+            self.execution.completed(q, now)
             q.sync_progress()
             out.append({"qid": q.qid, "gpu_id": q.gpu_id, "active": q.is_active, "suspended": q.is_suspended,
                         "evicted": q.is_evicted, "percent": q.percent, "progress_ns": q.progress_ns,
                         "resident_waves": q.resident_waves, "saved_wave_bytes": q.saved_wave_bytes,
+                        "dispatched": q.dispatched, "completed": q.completed,
+                        "head_remaining_us": q.kernels[0][0] if q.kernels else 0.0,
                         "ring_base": q.ring_base, "ring_size": q.ring_size,
                         "debugger": proc.debugger.pid if proc.debugger else None})
         return {"queues": out}

@@ -1,4 +1,5 @@
 """State of the simulated KFD: processes, queues, buffer objects (kfd_priv.h's structures, trimmed)."""
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,12 @@ class SimQueue:
     mapped_since_ns: int | None = None
     saved_ctl_stack_bytes: int = 0
     saved_wave_bytes: int = 0
+    # execution model (execution.py): AQL packets rung in and not yet retired, in ring order, each
+    # [work_us still to do at full speed, waves]; how many were dispatched and completed (the
+    # values a completion signal would carry)
+    kernels: collections.deque = field(default_factory=collections.deque)
+    dispatched: int = 0
+    completed: int = 0
 
     @property
     def is_compute(self):

@@ -6,7 +6,8 @@ suspend latency = HWS unmap+map of the whole device + grace period (waves allowe
 resume latency  = HWS map + CWSR restore (the same bytes / bandwidth)
 
 The server really waits that long before replying (the DQM lock is device-wide, so other
-clients wait too), which lets schedulers built on the simulator feel realistic latencies.
+clients wait too), which lets schedulers built on the simulator feel realistic latencies. Work
+running on an HWS device (execution.py) stalls for that long too, with or without the wait.
 """
 import time
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class TimingModel:
         self.pending = PreemptCost()      # cost of the request being handled, paid before replying
         self.pending_devices = set()      # devices whose queues were unmapped by this request
         self.last = PreemptCost()
+        self.on_stall = None              # (gpu_id, seconds, now_ns): the execution model's stall
 
     # --- per-device facts -------------------------------------------------------------------------
     def grace_seconds(self, dev, grace_period):
@@ -113,6 +115,10 @@ class TimingModel:
                    if q.mapped_since_ns is not None and self.kfd.devices[q.gpu_id] in devices]
         for q in stalled:
             q.sync_progress()
+        if self.on_stall is not None and cost.total_s > 0:
+            now = time.monotonic_ns()
+            for dev in devices:                # the device's work stalls, realtime or not
+                self.on_stall(dev.gpu_id, cost.total_s, now)
         if self.realtime and cost.total_s > 0:
             deadline = time.perf_counter() + cost.total_s
             while True:

@@ -1,0 +1,324 @@
+"""The simulated GPU executes work in time (kfdtool/sim/execution.py) and SimHip drives it.
+
+Kernels take their work time, share a device (ESTIMATE: full speed while their waves fit, then
+capacity / total waves), stop while their queue is suspended, evicted or its device stalled by an
+HWS remap, and go on after. Rules about processes are tried with separate OS processes. Timing
+tolerances are loose: CI has 2 vCPUs and the server is Python."""
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from kfdtool.cwsr.debugtrap import DebugTrapSuspend
+from kfdtool.device import KfdDevice
+from kfdtool.errors import SimulatorError
+from kfdtool.sim.hip import SimHip, SimModel
+from kfdtool.sim.protocol import frame
+from simhelpers import Client, in_child, start
+
+MACHINE = "mi308x"
+WIDE = 1 << 20          # more waves than any device has: the kernel saturates its device
+
+# A GPU process of its own: one stream on `device`, one kernel, then it reports when it is done
+# and stays a KFD process until its stdin closes.
+WORKER = r"""
+import json, sys, time
+from kfdtool.sim.hip import SimHip
+machine, device, work_us, waves = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+hip = SimHip(machine)
+s = hip.stream(device=device)
+t0 = time.monotonic()
+hip.launch(s, work_us=work_us, waves=waves)
+print(json.dumps({"qid": s.queue_id, "gpu_id": s.gpu_id}), flush=True)
+try:
+    hip.stream_synchronize(s)
+    print(json.dumps({"done_s": time.monotonic() - t0}), flush=True)
+except Exception as e:
+    print(json.dumps({"error": str(e)}), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture(scope="module")
+def sim(sim_dir):
+    return start(MACHINE)
+
+
+@pytest.fixture
+def hip(sim):
+    h = SimHip(MACHINE)
+    yield h
+    h.close()
+
+
+class Worker:
+    def __init__(self, device, work_us, waves=8):
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, MACHINE, str(device), str(work_us), str(waves)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self.qid = self.line()["qid"]
+
+    def line(self, timeout=10):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "the worker said nothing"
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def workers():
+    started = []
+
+    def spawn(*args, **kwargs):
+        started.append(Worker(*args, **kwargs))
+        return started[-1]
+    yield spawn
+    for w in started:
+        w.close()
+
+
+def queue_state(sim, pid, qid):
+    with sim.control() as ctl:
+        return next(q for q in ctl("queues", pid=pid)["queues"] if q["qid"] == qid)
+
+
+def timed_sync(hip, stream):
+    t0 = time.monotonic()
+    hip.stream_synchronize(stream)
+    return time.monotonic() - t0
+
+
+def test_a_kernel_takes_its_work_time_and_a_stream_runs_in_order(hip):
+    s = hip.stream(device=8)
+    t0 = time.monotonic()
+    hip.launch(s, work_us=20_000, waves=64)
+    event = hip.record(s)
+    assert not hip.query(event)                       # launch returned before the work was done
+    hip.synchronize(event)
+    assert 0.019 <= time.monotonic() - t0 < 0.06
+    assert hip.query(event)
+    t0 = time.monotonic()
+    SimModel(hip, [(10_000, 8)] * 3, name="three")(s)     # one queue: one kernel after another
+    hip.stream_synchronize(s)
+    assert 0.029 <= time.monotonic() - t0 < 0.08
+
+
+def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
+    a, b = hip.stream(device=9), hip.stream(device=9)
+    t0 = time.monotonic()
+    hip.launch(a, work_us=20_000, waves=WIDE)
+    hip.launch(b, work_us=20_000, waves=WIDE)
+    hip.stream_synchronize(a)
+    hip.stream_synchronize(b)
+    assert time.monotonic() - t0 >= 0.038             # each got half the device: ~40 ms for both
+    c, d = hip.stream(device=10), hip.stream(device=10)
+    t0 = time.monotonic()
+    hip.launch(c, work_us=20_000, waves=8)
+    hip.launch(d, work_us=20_000, waves=8)
+    hip.stream_synchronize(c)
+    hip.stream_synchronize(d)
+    assert time.monotonic() - t0 < 0.032              # both at full speed: ~20 ms
+    e = hip.stream(device=11)                          # a saturating kernel alone: full speed
+    t0 = time.monotonic()
+    hip.launch(e, work_us=20_000, waves=WIDE)
+    hip.stream_synchronize(e)
+    assert time.monotonic() - t0 < 0.032
+
+
+def test_a_queue_suspended_by_another_process_keeps_its_work_and_finishes_after_resume(sim, workers):
+    worker = workers(device=12, work_us=80_000)
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, worker.pid) as mech:
+            assert [o.outcome for o in mech.suspend([worker.qid]).outcomes] == ["suspended"]
+            held = queue_state(sim, worker.pid, worker.qid)
+            assert held["resident_waves"] == 8 and held["saved_wave_bytes"] > 0    # CWSR saved the kernel's waves
+            time.sleep(0.15)
+            later = queue_state(sim, worker.pid, worker.qid)
+            assert later["head_remaining_us"] == held["head_remaining_us"] > 0     # no progress
+            assert later["completed"] == 0
+            mech.resume([worker.qid])
+        done = worker.line()
+        assert 0.22 <= done["done_s"] < 0.6           # 80 ms of work + the ~150 ms it was held
+        assert queue_state(sim, worker.pid, worker.qid)["completed"] == 1
+    finally:
+        kfd.close()
+
+
+def test_an_evicted_process_makes_no_progress_and_finishes_after_restore(sim, workers):
+    worker = workers(device=13, work_us=60_000)
+    with sim.control() as ctl:
+        ctl("evict", pid=worker.pid)
+        before = queue_state(sim, worker.pid, worker.qid)["head_remaining_us"]
+        time.sleep(0.15)
+        assert queue_state(sim, worker.pid, worker.qid)["head_remaining_us"] == before > 0
+        ctl("restore", pid=worker.pid)
+    assert 0.2 <= worker.line()["done_s"] < 0.6
+
+
+def test_a_debugger_killed_while_holding_the_queue_leaves_the_work_to_complete(sim, workers):
+    worker = workers(device=14, work_us=50_000)
+    tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(worker.pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while queue_state(sim, worker.pid, worker.qid)["active"]:
+            assert time.monotonic() < deadline, "the preempting tool never suspended the queue"
+            time.sleep(0.01)
+        held = queue_state(sim, worker.pid, worker.qid)["head_remaining_us"]
+        time.sleep(0.1)
+        assert queue_state(sim, worker.pid, worker.qid)["head_remaining_us"] == held
+    finally:
+        tool.kill()                                    # SIGKILL: the kernel's exit path resumes
+        tool.wait()
+    done = worker.line()
+    assert "done_s" in done
+    assert queue_state(sim, worker.pid, worker.qid)["completed"] == 1
+
+
+def last_ioctl_cost_s(client):
+    cost = client.ctl("last_cost")
+    return cost["remap_s"] + cost["grace_s"] + cost["save_s"] + cost["restore_s"]
+
+
+def test_an_hws_remap_stalls_the_other_queues_of_that_device_only(sim, hip):
+    """Suspend/resume cycles of queue B on one device stall A (same device) for the modelled
+    unmap/map + grace + CWSR save/restore of each; C on another device runs on."""
+    a, b, c = hip.stream(device=15), hip.stream(device=15), hip.stream(device=16)
+    for stream in (b, a, c):
+        hip.launch(stream, work_us=2e6, waves=8)      # long enough to outlast the cycles
+    client = Client(sim)
+
+    def lag_us():                                       # how far A is behind C
+        state = client.queues()
+        return state[a.queue_id]["head_remaining_us"] - state[c.queue_id]["head_remaining_us"]
+    stalled_s = 0.0
+    try:
+        with DebugTrapSuspend(client.kfd, os.getpid(), read_wave_state=False) as mech:
+            lag_before = lag_us()                         # C started later (its queue was created after A's)
+            for _ in range(40):
+                mech.suspend([b.queue_id], grace_period=255)
+                stalled_s += last_ioctl_cost_s(client)
+                mech.resume([b.queue_id])
+                stalled_s += last_ioctl_cost_s(client)
+            stalled_us = lag_us() - lag_before
+    finally:
+        client.ctl.close()
+        client.kfd.close()
+    assert stalled_s > 40 * 150e-6                      # grace 255 x 1K clocks, two remaps, the save
+    assert abs(stalled_us - stalled_s * 1e6) < 0.05 * stalled_s * 1e6
+
+
+def test_wait_on_a_destroyed_queue_errors_instead_of_hanging(hip):
+    s = hip.stream(device=17)
+    hip.launch(s, work_us=5e6, waves=8)
+    event = hip.record(s)
+    outcome = []
+
+    def waiter():
+        try:
+            hip.synchronize(event)
+            outcome.append("done")
+        except SimulatorError as e:
+            outcome.append(str(e))
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.05)
+    hip.destroy_stream(s)
+    thread.join(5)
+    assert not thread.is_alive()
+    assert outcome and "destroyed" in outcome[0]
+
+
+def test_doorbells_only_on_the_callers_own_queues(sim, hip, workers):
+    s = hip.stream(device=18)
+    hip.launch(s, work_us=100, waves=8)
+    qid = s.queue_id
+    # another process, with its own connection: our qid names none of its queues
+    worker = workers(device=19, work_us=100)
+    other = qid + worker.qid + 1
+    with pytest.raises(SimulatorError, match=f"has no queue {other}"):
+        hip.doorbell("query", qid=other)
+
+    def child_on_the_parents_connection(fd):
+        """A forked child writing on the fd its parent opened (the parent's KFD process)."""
+        sock = socket.socket(fileno=os.dup(fd))
+        sock.sendall(frame(b"D" + json.dumps({"op": "dispatch", "qid": qid, "kernels": [[1.0, 1]]}).encode()))
+        return sock.recv(4096)
+    reply = in_child(child_on_the_parents_connection, hip.rt.kfd.backend.sock.fileno())
+    assert b"may not ring pid" in reply and b"ok" not in reply
+    assert hip.doorbell("query", qid=qid)["dispatched"] == 1    # nothing was added
+
+
+@pytest.mark.parametrize("kernels, needle", [
+    ([], "non-empty list"),
+    ([[0, 8]], "work_us must be"),
+    ([[-5, 8]], "work_us must be"),
+    ([[float("inf"), 8]], "work_us must be"),
+    ([[10, 0]], "waves must be"),
+    ([[10, 2.5]], "waves must be"),
+    ([[10, True]], "waves must be"),
+    ([["10", 8]], "work_us must be"),
+    ([[10]], "a kernel is"),
+    ("x", "non-empty list"),
+])
+def test_nonsense_dispatches_get_one_line(hip, kernels, needle):
+    s = hip.stream(device=20)
+    hip.launch(s, work_us=1, waves=1)
+    with pytest.raises(SimulatorError, match=needle) as info:
+        hip.doorbell("dispatch", qid=s.queue_id, kernels=kernels)
+    assert "\n" not in str(info.value)
+
+
+def test_the_ring_bounds_outstanding_packets_and_bad_messages_close_only_their_connection(sim, hip):
+    qid = hip.rt.create_queue(hip.gpus[21], ring_size=4096)        # 64 AQL packets
+    hip.doorbell("dispatch", qid=qid, kernels=[[1e6, 1]] * 64)
+    with pytest.raises(SimulatorError, match="holds 64 packets and 64 are outstanding"):
+        hip.doorbell("dispatch", qid=qid, kernels=[[1.0, 1]])
+    with pytest.raises(SimulatorError, match=r"count must be an integer in \[0, 64\]"):
+        hip.doorbell("wait", qid=qid, count=65)
+    with pytest.raises(SimulatorError, match="unknown doorbell op"):
+        hip.doorbell("launch", qid=qid)
+    raw = socket.socket(socket.AF_UNIX)
+    raw.connect(str(sim.socket))
+    raw.sendall(frame(b"D{not json"))
+    assert b"doorbell message is not JSON" in raw.recv(4096)
+    raw.close()
+    assert hip.doorbell("query", qid=qid)["dispatched"] == 64      # the server serves on
+
+
+def test_a_waiter_that_disappears_costs_nothing(sim, hip, workers):
+    worker = workers(device=22, work_us=5e6)           # waits on a 5 s kernel
+    time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGKILL)                # waiter and KFD process gone
+    worker.proc.wait()
+    s = hip.stream(device=22)                          # a thread of ours waits, then its socket closes
+    hip.launch(s, work_us=5e6, waves=8)
+    from kfdtool.sim.control import Channel
+    channel = Channel(sim.socket)
+    channel.call_json(b"O")
+    channel.sock.sendall(frame(b"D" + json.dumps({"op": "wait", "qid": s.queue_id, "count": 1}).encode()))
+    time.sleep(0.05)
+    channel.close()
+    server = psutil.Process(json.loads((sim.dir / "machine.json").read_text())["pid"])
+    time.sleep(0.05)
+    before = sum(server.cpu_times()[:2])
+    time.sleep(0.5)
+    assert sum(server.cpu_times()[:2]) - before < 0.1   # no spinning on a wait nobody reads
+    t0 = time.monotonic()
+    assert hip.doorbell("query", qid=s.queue_id)["completed"] == 0
+    assert time.monotonic() - t0 < 0.5
+    with sim.control() as ctl:
+        assert worker.pid not in ctl("status")["processes"]      # its queues and work went with it
