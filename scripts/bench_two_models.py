@@ -24,18 +24,15 @@ CPU count in each).
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "scripts" / "workloads"
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import latency_summary, provenance  # noqa: E402
+from benchlib import latency_summary, provenance, run_together, xsched_run  # noqa: E402
 
 PAIRS = {                       # name: (HP model, batch), (LP model, batch)
     "r18b4-r50b16": (("resnet18", 4), ("resnet50", 16)),
@@ -43,51 +40,6 @@ PAIRS = {                       # name: (HP model, batch), (LP model, batch)
     "encb1-vitb32": (("encoder", 1), ("vit_b_16", 32)),
 }
 PY = sys.executable
-
-
-def xsched_run(argv, priority=None, window_us=None):
-    """`xsched-lv3 run` (the console script's main, through -m so no install is needed)."""
-    cmd = [PY, "-m", "xsched_lv3", "run"]
-    if priority is not None:
-        cmd += ["--priority", str(priority)]
-    if window_us is not None:
-        cmd += ["--window-us", str(window_us)]
-    return cmd + ["--"] + argv
-
-
-def run_together(commands, timeout_s, checkout=REPO):
-    """Start every command, wait until each says READY, give all the same start time, collect the
-    JSON each prints last. `checkout`: whose xsched_lv3 `-m xsched_lv3` runs."""
-    env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1")
-    reports = tempfile.mkdtemp(prefix="xsched-report-")
-    procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(env, XSCHED_LV3_REPORT=f"{reports}/{i}.json"), cwd=checkout)
-             for i, c in enumerate(commands)]                                # -m puts the cwd first
-    try:
-        for p, c in zip(procs, commands):
-            line = p.stdout.readline()
-            if line.strip() != "READY":
-                raise RuntimeError(f"{' '.join(c)} did not start: {line!r} {p.stderr.read()[-2000:]}")
-        start_at = time.monotonic() + 0.5
-        for p in procs:
-            p.stdin.write(f"{start_at}\n")
-            p.stdin.flush()
-        out = {}
-        for p, c in zip(procs, commands):
-            stdout, stderr = p.communicate(timeout=timeout_s)
-            if p.returncode != 0:
-                raise RuntimeError(f"{' '.join(c)} exited {p.returncode}: {stderr[-2000:]}")
-            out.update(json.loads(stdout.strip().splitlines()[-1]))
-        for i, role in enumerate(("hp", "lp") if len(commands) == 2 else ("only",)):
-            report = Path(reports, f"{i}.json")
-            if report.exists():                     # the scheduler's own account of this process
-                out[f"{role}_gate"] = json.loads(report.read_text())
-        return out
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
 
 
 def commands(variant, pair, seconds, window_us=None):
@@ -108,6 +60,19 @@ def commands(variant, pair, seconds, window_us=None):
     }[variant]
 
 
+def merged(outputs):
+    """One dict from the programs' outputs; the scheduler's reports as hp_gate, lp_gate (only_gate
+    for a single program)."""
+    roles = ("hp", "lp") if len(outputs) == 2 else ("only",)
+    out = {}
+    for role, o in zip(roles, outputs):
+        gate = o.pop("gate", None)
+        out.update(o)
+        if gate is not None:
+            out[f"{role}_gate"] = gate
+    return out
+
+
 def summarize(raw):
     out = {}
     if "hp_latencies_s" in raw:
@@ -122,7 +87,7 @@ def measure(args, doc):
     def run(variant, pair, seconds):
         t = time.monotonic()
         checkout = args.baseline if variant.endswith("-baseline") else REPO
-        r = summarize(run_together(commands(variant, pair, seconds, args.window_us), seconds + 180, checkout))
+        r = summarize(merged(run_together(commands(variant, pair, seconds, args.window_us), seconds + 180, checkout)))
         row = {"pair": pair, "variant": variant, "wall_s": round(time.monotonic() - t, 1), **r}
         doc["rows"].append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

@@ -1,6 +1,12 @@
-"""What the benchmark scripts share: open-loop request arrivals and latency summaries."""
+"""What the benchmark scripts share: open-loop request arrivals, latency summaries, provenance, and\nrunning programs together from a common start (as users run them, through `xsched-lv3 run`)."""
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 def open_loop(rate, seconds, request, warmup_s=0.0, t0=None):
@@ -63,3 +69,54 @@ def provenance(argv=None):
     return {"git_revision": rev, "git_dirty": dirty,
             "command": " ".join([Path(sys.executable).name] + (argv if argv is not None else sys.argv)),
             "cpu_count": os.cpu_count(), "card": card}
+
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def xsched_run(argv, priority=None, window_us=None):
+    """`xsched-lv3 run` (the console script's main, through -m so no install is needed)."""
+    cmd = [PY, "-m", "xsched_lv3", "run"]
+    if priority is not None:
+        cmd += ["--priority", str(priority)]
+    if window_us is not None:
+        cmd += ["--window-us", str(window_us)]
+    return cmd + ["--"] + argv
+
+
+def run_together(commands, timeout_s, checkout=REPO):
+    """Start every command, wait until each says READY, give all the same start time, and return
+    what each printed last (a JSON object), in order, with the scheduler's account of that process
+    under "gate" where it wrote one (XSCHED_LV3_REPORT). `checkout`: whose xsched_lv3
+    `-m xsched_lv3` runs."""
+    env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    reports = tempfile.mkdtemp(prefix="xsched-report-")
+    procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(env, XSCHED_LV3_REPORT=f"{reports}/{i}.json"), cwd=checkout)
+             for i, c in enumerate(commands)]                                # -m puts the cwd first
+    try:
+        for p, c in zip(procs, commands):
+            line = p.stdout.readline()
+            if line.strip() != "READY":
+                raise RuntimeError(f"{' '.join(c)} did not start: {line!r} {p.stderr.read()[-2000:]}")
+        start_at = time.monotonic() + 0.5
+        for p in procs:
+            p.stdin.write(f"{start_at}\n")
+            p.stdin.flush()
+        outputs = []
+        for i, (p, c) in enumerate(zip(procs, commands)):
+            stdout, stderr = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(c)} exited {p.returncode}: {stderr[-2000:]}")
+            out = json.loads(stdout.strip().splitlines()[-1])
+            report = Path(reports, f"{i}.json")
+            if report.exists():
+                out["gate"] = json.loads(report.read_text())
+            outputs.append(out)
+        return outputs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

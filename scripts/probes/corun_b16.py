@@ -16,6 +16,6 @@ runs = [("lp-alone", [lp]), ("native", [hp, lp]), ("xsched", [X(hp, priority=10)
         ("same-prio", [X(hp), X(lp)]), ("idle-hp", [X(hp_idle, priority=10), X(lp)]),
         ("lp-alone", [lp]), ("xsched", [X(hp, priority=10), X(lp)]), ("idle-hp", [X(hp_idle, priority=10), X(lp)])]
 for name, cmds in runs:
-    r = b.summarize(b.run_together(cmds, 200))
+    r = b.summarize(b.merged(b.run_together(cmds, 200)))
     g = r.get("lp_gate", {})
     print(name, round(r.get("lp_iters_per_s", 0), 1), round(r.get("hp_p99_ms", 0), 2), {k: (round(v, 3) if isinstance(v, float) else v) for k, v in g.items() if k in ("guarded", "waits", "held_s", "sync_points", "blocked_syncs")}, flush=True)
