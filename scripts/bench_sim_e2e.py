@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Lv3 against Lv1 end to end on the simulated KFD — SIMULATION, not hardware.
+
+Separate OS processes (scripts/workloads/sim_job.py, written against the simulator's HIP-like
+runtime, no scheduler imports) run kernels on one simulated GPU: a latency-critical service
+(open-loop requests) next to 1 or 3 batch jobs. Every variant is started as a user starts it:
+
+  hp-alone, lp-alone   the service alone; the batch jobs alone (together)
+  native               all at once, no scheduler
+  lv1                  `xsched-lv3 run --priority 10 -- ...serve` and `xsched-lv3 run -- ...batch`,
+                       no daemon: the batch jobs' gates hold their launches (progressive window)
+  lv3                  the same commands with `xsched-lv3 daemon --sim NAME` running: the daemon
+                       suspends the batch jobs' KFD queues (DBG_TRAP, CWSR) while the service is busy
+
+What is simulated (kfdtool/sim): kernels' GPU time and how kernels of several queues share a GPU
+(ESTIMATE: side by side while their waves fit, shared beyond), DBG_TRAP suspend/resume with the
+kernel's semantics, and their cost from the timing model (HWS unmap+map of the whole device, CWSR
+save/restore at the partition's share of HBM bandwidth: ESTIMATE constants in kfdtool/sim/timing.py).
+CPU costs are real: every launch is a round trip to the simulator's server (~0.1 ms), so the
+programs here are launch-heavy Python, and the host's CPU count matters.
+
+    python scripts/bench_sim_e2e.py --machines mi308x mi300x --lps 1 3 --seconds 26
+    python scripts/bench_sim_e2e.py --table results/bench_sim_e2e_*.json     # the README table
+Results: results/bench_sim_e2e_r<rep>.json (git revision, dirty flag, command, CPU count).
+"""
+import argparse
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from benchlib import PY, latency_summary, provenance, run_together, xsched_run  # noqa: E402
+
+JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
+# A ResNet-18-like request (20 kernels of 100 µs, each a quarter of the GPU) and a training-like
+# iteration (20 kernels of 1 ms, each filling the GPU): the shapes, not tuned values, matter here.
+SERVE = ["--kernels", "20", "--kernel-us", "100", "--occupancy", "0.25", "--rate", "20"]
+BATCH = ["--kernels", "20", "--kernel-us", "1000", "--occupancy", "1.0"]
+VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3")
+
+
+def commands(variant, machine, lps, seconds):
+    common = ["--sim", machine, "--seconds", str(seconds)]
+    hp = [PY, JOB, *common, "serve", *SERVE]
+    lp = [PY, JOB, *common, "batch", *BATCH]
+    if variant == "hp-alone":
+        return [hp]
+    if variant == "lp-alone":
+        return [lp] * lps
+    if variant == "native":
+        return [hp] + [lp] * lps
+    return [xsched_run(hp, priority=10)] + [xsched_run(lp)] * lps
+
+
+class Daemon:
+    """`xsched-lv3 daemon --sim NAME` for the lv3 variant, on a private socket and board."""
+
+    def __init__(self, machine, env):
+        self.proc = subprocess.Popen([PY, "-m", "xsched_lv3", "daemon", "--sim", machine], env=env, cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        banner = self.proc.stdout.readline() if ready else ""
+        if "Lv3 through" not in banner:
+            self.stop()
+            raise RuntimeError(f"the daemon did not start with Lv3: {banner!r} {self.proc.stderr.read()[-2000:]}")
+
+    def status(self):
+        out = subprocess.run([PY, "-m", "xsched_lv3", "status", "--json"], capture_output=True, text=True, cwd=REPO,
+                             timeout=30)
+        return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()}
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+def measure(args, doc):
+    from kfdtool.sim import runner
+    scratch = tempfile.mkdtemp(prefix="xsched-sim-e2e-")
+    env = dict(os.environ, KFDTOOL_SIM_DIR=f"{scratch}/sims", XSCHED_LV3_BOARD=f"{scratch}/board",
+               XSCHED_LV3_SOCKET=f"{scratch}/daemon.sock", KFDTOOL_RUN_DIR=f"{scratch}/run")
+    os.environ.update(env)                     # run_together's children inherit it
+    for machine in args.machines:
+        runner.start(machine)
+        try:
+            for lps in args.lps:
+                for variant in VARIANTS:
+                    daemon = Daemon(machine, env) if variant == "lv3" else None
+                    t = time.monotonic()
+                    try:
+                        outputs = run_together(commands(variant, machine, lps, args.seconds), args.seconds + 120)
+                    finally:
+                        log = daemon.stop() if daemon else ""
+                    row = {"machine": machine, "lps": lps, "variant": variant, "wall_s": round(time.monotonic() - t, 1)}
+                    row.update(summarize(outputs))
+                    if daemon:
+                        row["daemon_log_tail"] = log[-1500:]
+                    doc["rows"].append(row)
+                    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
+                                      if k != "daemon_log_tail" and not k.endswith("_gate")}), flush=True)
+        finally:
+            runner.stop(machine)
+
+
+def summarize(outputs):
+    out = {}
+    lp_rates = [o["lp_iters_per_s"] for o in outputs if "lp_iters_per_s" in o]
+    for o in outputs:
+        if "hp_latencies_s" in o:
+            out.update(latency_summary(o["hp_latencies_s"]), hp_requests=len(o["hp_latencies_s"]))
+            if "gate" in o:
+                out["hp_gate"] = o["gate"]
+    if lp_rates:
+        out["lp_iters_per_s"] = sum(lp_rates)
+        out["lp_gates"] = [o["gate"] for o in outputs if "gate" in o and "lp_iters_per_s" in o]
+    return out
+
+
+def ratios(doc):
+    """Per (machine, lps): HP P99 and LP throughput of each variant against the same run's alone."""
+    out = {}
+    for machine in {r["machine"] for r in doc["rows"]}:
+        for lps in {r["lps"] for r in doc["rows"]}:
+            rows = {r["variant"]: r for r in doc["rows"] if r["machine"] == machine and r["lps"] == lps}
+            if not {"hp-alone", "lp-alone"} <= set(rows):
+                continue
+            hp, lp = rows["hp-alone"]["hp_p99_ms"], rows["lp-alone"]["lp_iters_per_s"]
+            out[f"{machine}/{lps}"] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
+                                           "lp_share": rows[v]["lp_iters_per_s"] / lp}
+                                       for v in ("native", "lv1", "lv3") if v in rows}
+            out[f"{machine}/{lps}"]["hp_alone_p99_ms"] = hp
+    return out
+
+
+def table(paths):
+    """Markdown: median (min-max) over the given runs of HP P99 vs alone and LP throughput share."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    keys = sorted({k for r in runs for k in r["ratios"]})
+    lines = ["| machine | processes | HP P99 alone | native HP P99 / LP | Lv1 HP P99 / LP | Lv3 HP P99 / LP |",
+             "|---|---|---|---|---|---|"]
+
+    def cell(values, fmt):
+        if not values:
+            return "-"
+        med = statistics.median(values)
+        return fmt.format(med) + (f" ({fmt.format(min(values))}-{fmt.format(max(values))})" if len(values) > 1 else "")
+    for key in keys:
+        machine, lps = key.split("/")
+        per = [r["ratios"][key] for r in runs if key in r["ratios"]]
+        row = [machine, str(int(lps) + 1), cell([p["hp_alone_p99_ms"] for p in per], "{:.1f} ms")]
+        for v in ("native", "lv1", "lv3"):
+            row.append(cell([p[v]["hp_p99_x"] for p in per if v in p], "{:.2f}x") + " / "
+                       + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
+        lines.append("| " + " | ".join(row) + " |")
+    runs_note = f"{len(runs)} run{'s' if len(runs) > 1 else ''}: " + ", ".join(
+        f"{r['provenance']['git_revision'][:7]} ({r['provenance']['cpu_count']} CPUs)" for r in runs)
+    return "\n".join(lines) + f"\n\nMedian (min-max) of {runs_note}."
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--machines", nargs="+", default=["mi308x", "mi300x"])
+    p.add_argument("--lps", nargs="+", type=int, default=[1, 3], help="batch jobs next to the service")
+    p.add_argument("--seconds", type=float, default=26.0, help="per variant (26 s at 20 req/s: 501 requests)")
+    p.add_argument("--rep", type=int, default=1)
+    p.add_argument("--out")
+    p.add_argument("--table", nargs="+", metavar="RESULTS")
+    args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    doc = {"provenance": provenance(), "serve": SERVE, "batch": BATCH, "rows": []}
+    measure(args, doc)
+    doc["ratios"] = ratios(doc)
+    out = Path(args.out or REPO / "results" / f"bench_sim_e2e_r{args.rep}.json")
+    out.write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc["ratios"], indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
