@@ -24,7 +24,7 @@ EPILOG = """examples:
 environment:
   KFDTOOL_SYSFS_ROOT   read sysfs here instead of /sys (as --sysfs-root)
   KFDTOOL_SIM_DIR      where simulated machines keep their trees and sockets
-                       (default /tmp/kfdtool-sim-UID)
+                       (default $XDG_RUNTIME_DIR/kfdtool-sim, else /dev/shm/kfdtool-sim-UID)
   KFDTOOL_RUN_DIR      where `preempt` records which queues it holds, read by `queues`
                        (default /run/kfdtool as root, else /tmp/kfdtool-run-UID)
 """

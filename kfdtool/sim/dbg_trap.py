@@ -115,6 +115,10 @@ class DbgTrap:
         target.debug_trap_enabled, target.debugger, target.dbg_flags = False, None, 0
 
     def set_exceptions_enabled(self, caller, target, a, mem):
+        """kfd_debug.c: kfd_dbg_set_enabled_debug_exception_mask: the mask replaces the last one
+        (later queries report only what it enables). The kernel also writes to the debugger's
+        event fd when an enabled exception is already pending; the simulator cannot reach that
+        fd in the debugger's process."""
         target.exception_mask = a.set_exceptions_enabled.exception_mask
         return 0
 
@@ -124,7 +128,20 @@ class DbgTrap:
         return 0
 
     def query_debug_event(self, caller, target, a, mem):
-        raise SimErrno(errno.EAGAIN)              # no exceptions are raised by simulated waves
+        """kfd_debug.c: kfd_dbg_ev_query_debug_event: the first queue, in the process's queue list
+        (newest first), with an exception the mask enables reports its whole status, its id and
+        GPU, and loses the bits asked to clear; then device and process exceptions, which no
+        simulated wave raises; nothing pending is -EAGAIN."""
+        args = a.query_debug_event
+        for q in target.queues.values():                      # newest first, as pqm->queues
+            if target.exception_mask & q.exception_status:
+                args.gpu_id, args.queue_id = q.gpu_id, q.qid
+                args.exception_mask, q.exception_status = (q.exception_status,
+                                                           q.exception_status & ~args.exception_mask)
+                return 0
+        args.gpu_id = args.queue_id = 0
+        args.exception_mask = 0
+        raise SimErrno(errno.EAGAIN)
 
     # --- suspend / resume -------------------------------------------------------------------------
     def _read_ids(self, ptr, count, mem):

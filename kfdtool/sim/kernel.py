@@ -7,7 +7,9 @@ kernel's per-process and DQM locks taken together.
 """
 import ctypes
 import errno
+import itertools
 import time
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +32,22 @@ QUEUE_TYPES_SINCE = {c.KFD_IOC_QUEUE_TYPE_COMPUTE: 1, c.KFD_IOC_QUEUE_TYPE_SDMA:
                      c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL: 1, c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI: 1,
                      c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID: 17}
 KFD_MMAP_TYPE_DOORBELL = 3 << 62
+KFD_MMAP_TYPE_EVENTS = 2 << 62
 MAX_CU_MASK_BITS = 1024              # kfd_ioctl_set_cu_mask: max_num_cus
+SIGNAL_EVENT_TYPES = (c.KFD_IOC_EVENT_SIGNAL, c.KFD_IOC_EVENT_DEBUG_EVENT)   # ids from the signal page
+DEFAULT_SIGNAL_SLOTS = 256           # kfd_events.c: allocate_event_notification_slot, "Oldest user mode"
+KFD_FIRST_NONSIGNAL_EVENT_ID = 0x8000_0000    # kfd_events.h: KFD_EVENT_ID_NONSIGNAL_MASK
+VRAM_AVAILABILITY_ALIGN = 2 << 20    # amdgpu_amdkfd.h: VRAM_AVAILABLITY_ALIGN (1 << 21)
+
+SignalPage = namedtuple("SignalPage", "size handle")     # handle None: allocated by the kernel itself
+
+
+@dataclass(eq=False)
+class SimEvent:
+    """kfd_events.c: struct kfd_event, what user space can observe of it."""
+    type: int
+    auto_reset: bool
+    signaled: bool = False
 
 
 @dataclass(eq=False)
@@ -85,6 +102,8 @@ class SimKfd:
                 node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
                 gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
         self.processes = {}
+        self.signal_pages = {}        # pid -> SignalPage, once the process has one (kfd_process.signal_page)
+        self.mapped_on = {}           # (pid, handle) -> gpu_ids the BO is mapped on (kfd_mem_attachment.is_mapped)
         self.patched_preempt = False
         self.sysfs = ProcSysfs(kfd_dir / "proc", profile)
         self.smi = SmiHub(profile)
@@ -134,6 +153,9 @@ class SimKfd:
                     self.dbg.disable(target)
         for q in list(proc.queues.values()):
             self._remove_queue(proc, q)
+        self.signal_pages.pop(pid, None)
+        for key in [k for k in self.mapped_on if k[0] == pid]:
+            del self.mapped_on[key]
         self.smi.drop_owner(pid)
         self.sysfs.remove_process(pid)
         self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} sim-{pid}\n", self.devices)
@@ -438,11 +460,15 @@ class SimKfd:
         return 0
 
     def free_memory(self, proc, a, mem, uid):
-        """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: no device for the handle's gpu_id, or no
-        such idr handle -> EINVAL."""
+        """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: the process's signal page BO -> EPERM; no
+        device for the handle's gpu_id, or no such idr handle -> EINVAL."""
+        page = self.signal_pages.get(proc.pid)
+        if page is not None and page.handle == a.handle:
+            raise SimErrno(errno.EPERM)
         bo = proc.bos.pop(a.handle, None)
         if bo is None:
             raise SimErrno(errno.EINVAL)
+        self.mapped_on.pop((proc.pid, a.handle), None)
         if bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
             proc.vram[bo.gpu_id] -= bo.size
             self.sysfs.set(proc.pid, f"vram_{bo.gpu_id}", proc.vram[bo.gpu_id])
@@ -453,7 +479,10 @@ class SimKfd:
         order: no devices or n_success > n_devices -> EINVAL; the id array is copied in (EFAULT);
         the handle's gpu_id must be one of the process's devices (EINVAL) and the handle known
         (ENOMEM); then devices n_success.. are done one by one, n_success counting them, so a
-        bad gpu_id part-way leaves n_success at the devices done (copied back with the EINVAL)."""
+        bad gpu_id part-way leaves n_success at the devices done (copied back with the EINVAL).
+        Mapping where the BO is mapped already does nothing; unmapping where it is not mapped
+        is -EINVAL (amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_unmap_memory_from_gpu, "the BO
+        wasn't actually mapped")."""
         if a.n_devices == 0 or a.n_success > a.n_devices:
             raise SimErrno(errno.EINVAL)
         raw = mem.read(a.device_ids_array_ptr, 4 * a.n_devices)
@@ -461,16 +490,30 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         if a.handle not in proc.bos:
             raise SimErrno(errno.ENOMEM)
+        mapped_on = self.mapped_on.setdefault((proc.pid, a.handle), set())
+        unmap = isinstance(a, s.kfd_ioctl_unmap_memory_from_gpu_args)
         for i in range(a.n_success, a.n_devices):
-            if int.from_bytes(raw[4 * i:4 * i + 4], "little") not in proc.gpu_ids:
+            gpu_id = int.from_bytes(raw[4 * i:4 * i + 4], "little")
+            if gpu_id not in proc.gpu_ids or (unmap and gpu_id not in mapped_on):
                 raise SimErrno(errno.EINVAL)
+            (mapped_on.discard if unmap else mapped_on.add)(gpu_id)
             a.n_success = i + 1
         return 0
 
     def available_memory(self, proc, a, mem, uid):
+        """kfd_chardev.c: kfd_ioctl_get_available_memory: a gpu_id not among the process's devices
+        is -EINVAL; amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_get_available_memory: the partition's
+        VRAM less every process's VRAM BOs, each counted rounded up to VRAM_AVAILABLITY_ALIGN
+        (vram_used_aligned), rounded down to it and never below 0. The kernel also subtracts
+        page-table, pinned and RAS reserves this simulator does not know."""
+        if a.gpu_id not in proc.gpu_ids:
+            raise SimErrno(errno.EINVAL)
         dev = self.device(a.gpu_id)
         total = sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
-        a.available = max(0, total - sum(p.vram.get(a.gpu_id, 0) for p in self.processes.values()))
+        used = sum(-(-bo.size // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
+                   for p in self.processes.values() for bo in p.bos.values()
+                   if bo.gpu_id == a.gpu_id and bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
+        a.available = max(0, total - used) // VRAM_AVAILABILITY_ALIGN * VRAM_AVAILABILITY_ALIGN
         return 0
 
     def get_clock_counters(self, proc, a, mem, uid):
@@ -496,35 +539,72 @@ class SimKfd:
         a.num_of_nodes = n
         return 0
 
-    # --- events ----------------------------------------------------------------------------------
+    # --- events (kfd_events.c) ---------------------------------------------------------------------
     def create_event(self, proc, a, mem, uid):
-        a.event_id = proc.next_event
-        a.event_slot_index = proc.next_event
-        a.event_page_offset = 2 << 62
-        proc.events[proc.next_event] = False
-        proc.next_event += 1
+        """kfd_chardev.c: kfd_ioctl_create_event, kfd_events.c: kfd_event_create. A non-zero
+        event_page_offset names the BO to use as signal page (kfd_kmap_event_page). Signal and
+        debug events take the lowest free id below the page's slot count (id 0 is reserved at
+        kfd_event_init_process; a page the kernel allocates itself has 256 slots), -ENOSPC when
+        the slots are used up (create_signal_event); others the lowest free id from
+        KFD_FIRST_NONSIGNAL_EVENT_ID (create_other_event)."""
+        if a.event_page_offset:
+            self._set_signal_page(proc, a.event_page_offset)
+        a.event_page_offset = 0
+        if a.event_type in SIGNAL_EVENT_TYPES:
+            slots = self.signal_pages.setdefault(proc.pid, SignalPage(DEFAULT_SIGNAL_SLOTS * 8, None)).size // 8
+            in_use = 1 + sum(ev.type in SIGNAL_EVENT_TYPES for ev in proc.events.values())
+            event_id = next((i for i in range(1, slots) if i not in proc.events), None)
+            if in_use == slots or event_id is None:
+                raise SimErrno(errno.ENOSPC)
+            a.event_page_offset, a.event_slot_index = KFD_MMAP_TYPE_EVENTS, event_id
+        else:
+            event_id = next(i for i in itertools.count(KFD_FIRST_NONSIGNAL_EVENT_ID) if i not in proc.events)
+        proc.events[event_id] = SimEvent(a.event_type, a.auto_reset != 0)
+        a.event_id = a.event_trigger_data = event_id
         return 0
 
+    def _set_signal_page(self, proc, handle):
+        """kfd_events.c: kfd_kmap_event_page: only before any signal page exists, the handle's
+        GPU must be one of the process's and the BO known (-EINVAL); its size sets the slots."""
+        if proc.pid in self.signal_pages or handle >> 32 not in proc.gpu_ids or handle not in proc.bos:
+            raise SimErrno(errno.EINVAL)
+        self.signal_pages[proc.pid] = SignalPage(proc.bos[handle].size, handle)
+
     def destroy_event(self, proc, a, mem, uid):
+        """kfd_events.c: kfd_event_destroy: an unknown id (0 included) is -EINVAL."""
         if proc.events.pop(a.event_id, None) is None:
             raise SimErrno(errno.EINVAL)
         return 0
 
     def set_event(self, proc, a, mem, uid):
-        if a.event_id not in proc.events:
+        """kfd_events.c: kfd_set_event / kfd_reset_event: unknown ids and events that only the GPU
+        or the driver may signal (any type but SIGNAL, event_can_be_cpu_signaled) are -EINVAL.
+        Nobody is ever asleep in a simulated wait, so a set event stays signaled until a wait
+        consumes it (set_event: signaled = !auto_reset || !waitqueue_active)."""
+        ev = proc.events.get(a.event_id)
+        if ev is None or ev.type != c.KFD_IOC_EVENT_SIGNAL:
             raise SimErrno(errno.EINVAL)
-        proc.events[a.event_id] = isinstance(a, s.kfd_ioctl_set_event_args)
+        ev.signaled = isinstance(a, s.kfd_ioctl_set_event_args)
         return 0
 
     def wait_events(self, proc, a, mem, uid):
-        """No GPU signals events here: waits return TIMEOUT unless SET_EVENT fired."""
+        """kfd_events.c: kfd_wait_on_events. Each id in turn joins the wait (init_event_waiter):
+        it counts as fired if signaled, and an auto-reset event is consumed by it, even when
+        the wait then times out or a later id is unknown (-EINVAL, wait_result FAIL). COMPLETE
+        when any (all, with wait_for_all) fired; no events at all is COMPLETE either way
+        (test_event_condition). No GPU signals an event here, so the simulator answers at once:
+        TIMEOUT where the kernel would sleep up to `timeout` for another thread's SET_EVENT."""
+        a.wait_result = c.KFD_IOC_WAIT_RESULT_FAIL
         size = ctypes.sizeof(s.kfd_event_data)
         raw = mem.read(a.events_ptr, size * a.num_events)
-        ids = [s.kfd_event_data.from_buffer_copy(raw, i * size).event_id for i in range(a.num_events)]
-        if any(i not in proc.events for i in ids):
-            raise SimErrno(errno.EINVAL)
-        fired = [proc.events[i] for i in ids]
-        done = all(fired) if a.wait_for_all else any(fired)
+        fired = []
+        for i in range(a.num_events):
+            ev = proc.events.get(s.kfd_event_data.from_buffer_copy(raw, i * size).event_id)
+            if ev is None:
+                raise SimErrno(errno.EINVAL)
+            fired.append(ev.signaled)
+            ev.signaled = ev.signaled and not ev.auto_reset
+        done = all(fired) if a.wait_for_all or not fired else any(fired)
         a.wait_result = c.KFD_IOC_WAIT_RESULT_COMPLETE if done else c.KFD_IOC_WAIT_RESULT_TIMEOUT
         return 0
 

@@ -6,10 +6,10 @@ unchanged (KFDTOOL_SYSFS_ROOT=<dir>).
 """
 import functools
 import hashlib
-import io
 import json
 import os
 import shutil
+import stat
 import zlib
 from collections import namedtuple
 from pathlib import Path
@@ -88,44 +88,108 @@ def _capture_archive(capture):
     return resources.files(__package__).joinpath("presets").joinpath(f"{capture}.tar.gz").read_bytes()
 
 
-CREATE_THREADS = 8       # file creation is mostly waiting on the filesystem; threads overlap the waits
+class ArchiveError(ValueError):
+    """A shipped archive that is not a tar of plain files and directories inside it."""
 
 
 def extract_capture(capture, dest):
-    """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>).
-    Same result as tarfile's extractall(filter="data") (files rw-r--r--, directories by the umask,
-    nothing but plain files and directories, nothing outside `dest`), several times faster: the
-    filter resolves every member's real path, and creating thousands of files one after another
-    waits on the disk for each (0.3-1 ms on a virtual machine's disk)."""
-    import tarfile
-    from concurrent.futures import ThreadPoolExecutor
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    dirs, files = set(), []
-    with tarfile.open(fileobj=io.BytesIO(_capture_archive(capture))) as tar:
-        for member in tar:
-            parts = Path(member.name).parts
-            if member.name.startswith("/") or ".." in parts or not (member.isdir() or member.isreg()):
-                raise tarfile.FilterError(f"capture {capture}: refusing member {member.name!r}")
-            dirs.update(parts[:i] for i in range(1, len(parts) + (0 if member.isreg() else 1)))
-            if member.isreg():
-                mode = (member.mode & 0o755 if member.mode & 0o100 else member.mode & 0o644) | 0o600
-                files.append((dest.joinpath(*parts), tar.extractfile(member).read(), mode))
-    with ThreadPoolExecutor(CREATE_THREADS) as pool:
-        for depth in sorted({len(d) for d in dirs}):          # parents before children
-            list(pool.map(lambda d: dest.joinpath(*d).mkdir(exist_ok=True), [d for d in dirs if len(d) == depth]))
-        list(pool.map(_write_file, files))
-    return dest
+    """Unpack a shipped capture (the byte-for-byte copy of ../shared/fixtures/kfd-topology/<capture>)."""
+    return extract_archive(_capture_archive(capture), dest, f"capture {capture}")
 
 
-def _write_file(item):
-    path, data, mode = item
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def extract_archive(archive, dest, what="archive"):
+    """Unpack a gzip'd tar of plain files and directories under `dest`, with the result of tarfile's
+    extractall(filter="data"): files rw-r--r-- (rwxr-xr-x where the owner may execute), directories
+    by the umask; every member is checked before anything is written. This is most of a first
+    `kfdtool sim start` (8267 members for mi300x-cpx), so it avoids tarfile (~30 us a header) and
+    threads (on 2 CPUs they cost more in switching than they overlap): one pass, each entry created
+    relative to `dest`'s descriptor."""
+    members = list(_tar_members(archive, what))
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    made = {""}                                     # directories known to exist, relative to dest
     try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
+        for rel, data, mode in members:
+            parent = rel.rpartition("/")[0]
+            if parent not in made:                  # a member whose directory the archive does not list
+                _make_dirs(parent, dest_fd, made, what)
+            if data is None:
+                _make_dirs(rel, dest_fd, made, what)
+                continue
+            fd = os.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dest_fd)
+            try:
+                os.write(fd, data)
+                os.fchmod(fd, mode)                 # the mode whatever the umask, as tarfile
+            finally:
+                os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dest_fd)
+    return Path(dest)
+
+
+def _make_dirs(rel, dest_fd, made, what):
+    """Create directory `rel` and its missing parents under dest; one already there must be a real
+    directory (never a link that would lead out of dest)."""
+    parts = rel.split("/")
+    for depth in range(1, len(parts) + 1):
+        path = "/".join(parts[:depth])
+        if path in made:
+            continue
+        try:
+            os.mkdir(path, dir_fd=dest_fd)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path, dir_fd=dest_fd).st_mode):
+                raise ArchiveError(f"{what}: {path!r} exists and is not a directory") from None
+        made.add(path)
+
+
+TAR_BLOCK = 512
+
+
+def _tar_members(archive, what):
+    """(path relative to the archive's root, bytes or None for a directory, file mode) of each
+    member of a gzip'd POSIX or GNU tar. Anything but a plain file or a directory (links, devices,
+    extended headers), an absolute name, ".." or a bad header checksum is an ArchiveError."""
+    import gzip
+    try:
+        raw = gzip.decompress(archive)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ArchiveError(f"{what}: not a gzip'd archive ({e})") from None
+    pos = 0
+    while pos + TAR_BLOCK <= len(raw):
+        header = raw[pos:pos + TAR_BLOCK]
+        if header == bytes(TAR_BLOCK):          # end of archive
+            return
+        if _octal(header[148:156], what) != sum(header[:148]) + 8 * ord(" ") + sum(header[156:]):
+            raise ArchiveError(f"{what}: bad tar header checksum at byte {pos}")
+        name = header[:100].split(b"\0", 1)[0]
+        if header[257:263] == b"ustar\0":         # POSIX: a long name's leading part is in prefix
+            prefix = header[345:500].split(b"\0", 1)[0]
+            name = prefix + b"/" + name if prefix else name
+        name = name.decode("utf-8", "replace")
+        kind, size = header[156:157], _octal(header[124:136], what)
+        parts = [part for part in name.split("/") if part not in ("", ".")]
+        if name.startswith("/") or ".." in parts or kind not in (b"0", b"\0", b"5") or (kind != b"5" and not parts):
+            raise ArchiveError(f"{what}: refusing member {name!r} (only plain files and directories inside it)")
+        pos += TAR_BLOCK
+        if kind == b"5":
+            if parts:
+                yield "/".join(parts), None, None
+        else:
+            if pos + size > len(raw):
+                break
+            mode = _octal(header[100:108], what)
+            mode = (mode & 0o755 if mode & 0o100 else mode & 0o644) | 0o600     # tarfile's data filter
+            yield "/".join(parts), raw[pos:pos + size], mode
+        pos += -(-size // TAR_BLOCK) * TAR_BLOCK
+    raise ArchiveError(f"{what}: truncated tar archive")
+
+
+def _octal(field, what):
+    try:
+        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        raise ArchiveError(f"{what}: bad number {field!r} in a tar header") from None
 
 
 TREE_STAMP = ".kfdtool-tree.json"      # in the sysfs root: what its topology was built from
@@ -170,14 +234,19 @@ def _build_topology(preset, topo, profile):
     shutil.rmtree(old, ignore_errors=True)
 
 
+# The code a tree is built from: this module and the modules of this package it imports (a test
+# checks the list against its imports). Editing anything else (the ioctl handlers, the CLI) keeps
+# the trees already built.
+TREE_CODE = ("__init__.py", "machine.py", "nodes.py")
+
+
 @functools.lru_cache(maxsize=None)
 def code_version():
-    """Digest of the code and captures a tree is built from (the whole package: cheap, and no
-    list of modules to keep up to date)."""
-    package = Path(__file__).resolve().parents[1]
+    """Digest of the code and the shipped captures that trees are built from."""
+    here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted([*package.rglob("*.py"), *(package / "sim" / "presets").iterdir()]):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    for path in [*(here / name for name in TREE_CODE), *sorted((here / "presets").iterdir())]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
