@@ -322,3 +322,24 @@ def test_a_waiter_that_disappears_costs_nothing(sim, hip, workers):
     assert time.monotonic() - t0 < 0.5
     with sim.control() as ctl:
         assert worker.pid not in ctl("status")["processes"]      # its queues and work went with it
+
+
+def test_catch_up_finishes_kernels_whose_end_rounds_to_now():
+    """A head with 1.5e-6 µs left (just above the residue counted as done), at a boot time of hours:
+    its end, in float nanoseconds, rounds to the start. Catching up must still retire it (it once spun forever, taking the
+    simulator's CPU and starving every simulated process)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from kfdtool.sim.execution import DeviceClock, Execution
+
+    q = SimpleNamespace(kernels=deque([[1.5e-6, 8], [10.0, 8]]), completed=0, resident_waves=8,
+                        sync_progress=lambda at_ns=None: None)
+    execution = Execution.__new__(Execution)
+    execution.busy = {id(q): (q, None)}
+    clock = DeviceClock(1, 800)
+    clock.running = [q]
+    start = 17_600_000_000_000.0      # ~4.9 h of CLOCK_MONOTONIC in ns: floats step 0.0039 ns here
+    clock.last_ns = start
+    execution._catch_up(clock, start + 5_000)         # 5 µs later: the first kernel is long done
+    assert q.completed == 1 and q.kernels[0][0] == pytest.approx(5.0, abs=1e-3)

@@ -136,13 +136,18 @@ class Execution:
         t = max(clock.last_ns, clock.stalled_until_ns)
         while clock.running and t < now_ns:
             rate = clock.speed(q.kernels[0][1] for q in clock.running)
-            first_done_us = min(q.kernels[0][0] for q in clock.running) / rate
-            end = t + first_done_us * 1e3
-            worked_us = (min(end, now_ns) - t) / 1e3 * rate
-            for q in clock.running:
-                q.kernels[0][0] -= worked_us
+            first_us = min(q.kernels[0][0] for q in clock.running)     # work left of the first to finish
+            end = t + first_us / rate * 1e3
             if end > now_ns:
+                worked_us = (now_ns - t) / 1e3 * rate
+                for q in clock.running:
+                    q.kernels[0][0] -= worked_us
                 break
+            # The first heads finish at `end`. Subtracting the very value that is their minimum
+            # leaves them at exactly 0, so they retire even where `end` rounds to `t` (ns since boot
+            # as a float resolve ~0.002 ns): every turn of this loop retires a kernel.
+            for q in clock.running:
+                q.kernels[0][0] -= first_us
             t = end
             self._retire_heads(clock, int(t))
         clock.last_ns = max(clock.last_ns, now_ns)
@@ -183,11 +188,11 @@ class Execution:
             lanes.append([head[0], head[1], rest, r.completed, r])
         while True:
             rate = clock.speed(lane[1] for lane in lanes)
-            step_us = min(lane[0] for lane in lanes) / rate
-            t += step_us * 1e3
+            first_us = min(lane[0] for lane in lanes)      # exact 0 for the first to finish (see _catch_up)
+            t += first_us / rate * 1e3
             next_lanes = []
             for lane in lanes:
-                lane[0] -= step_us * rate
+                lane[0] -= first_us
                 if lane[0] <= DONE_EPSILON_US:
                     lane[3] += 1
                     if lane[4] is q and lane[3] >= count:
