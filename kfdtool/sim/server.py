@@ -140,6 +140,7 @@ class SimServer:
         # calls that sleep: (conn, Blocked, respond() that finishes the call and replies,
         # deadline() -> monotonic ns it may be ready at or None; a wait's projected completion)
         self.blocked = []
+        self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
         self.socket_path = self.dir / "kfd.sock"
@@ -413,7 +414,18 @@ class SimServer:
             self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
                      f"{traceback.format_exc().rstrip()}")
             ret, out = -errno.EIO, b""
-        self.kfd.timing.settle()
+        cost = self.kfd.timing.settle(block=False)
+        if self.kfd.timing.realtime and cost.total_s > 0:
+            # The caller sleeps in the kernel for the modelled time (the DQM lock serialises such
+            # calls: one starts when the previous ends); the server does not, so other processes'
+            # doorbells go on meanwhile, as user-mode queues do on the real device.
+            now = time.monotonic_ns()
+            done_at = max(now, self.dqm_free_ns) + int(cost.total_s * 1e9)
+            self.dqm_free_ns = done_at
+            regions = mem.copied_to_user
+            self._sleep(conn, Blocked(lambda: time.monotonic_ns() >= done_at, None),
+                        lambda: self._reply(conn, ret, out, regions), lambda: done_at)
+            return
         self._reply(conn, ret, out, mem.copied_to_user)
 
     def _reply(self, conn, ret, out, regions):

@@ -55,9 +55,11 @@ class SimQueue:
     def sync_progress(self, now_ns=None):
         """Account work done since the last state change; call before and after every change."""
         now_ns = now_ns if now_ns is not None else time.monotonic_ns()
+        resume_at = now_ns
         if self.mapped_since_ns is not None:
-            self.progress_ns += now_ns - self.mapped_since_ns
-        self.mapped_since_ns = now_ns if (self.is_active and self.resident_waves > 0) else None
+            self.progress_ns += max(0, now_ns - self.mapped_since_ns)
+            resume_at = max(now_ns, self.mapped_since_ns)     # an HWS stall still under way is no progress
+        self.mapped_since_ns = resume_at if (self.is_active and self.resident_waves > 0) else None
 
 
 @dataclass

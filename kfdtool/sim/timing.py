@@ -105,9 +105,11 @@ class TimingModel:
             self.pending.restore_s += q.saved_wave_bytes / bandwidth(dev.node)
         q.saved_wave_bytes = q.saved_ctl_stack_bytes = 0
 
-    def settle(self):
+    def settle(self, block=True):
         """Pay the accumulated cost of the request just handled (called by the server). Queues of
-        every process on a remapped HWS device make no progress meanwhile."""
+        every process on a remapped HWS device make no progress meanwhile. `block=False`: do not
+        sleep here; the server delays only the caller's reply by the returned cost (an ioctl sleeps
+        in its caller's thread, while other processes' doorbells, which need no kernel, go on)."""
         cost, self.pending = self.pending, PreemptCost()
         devices, self.pending_devices = self.pending_devices, set()
         self.last = cost
@@ -119,7 +121,7 @@ class TimingModel:
             now = time.monotonic_ns()
             for dev in devices:                # the device's work stalls, realtime or not
                 self.on_stall(dev.gpu_id, cost.total_s, now)
-        if self.realtime and cost.total_s > 0:
+        if self.realtime and block and cost.total_s > 0:
             deadline = time.perf_counter() + cost.total_s
             while True:
                 left = deadline - time.perf_counter()
@@ -127,7 +129,8 @@ class TimingModel:
                     break
                 time.sleep(left if left > 2e-3 else 0)
         now = time.monotonic_ns()
+        stall_end = now if block or not self.realtime else now + int(cost.total_s * 1e9)
         for q in stalled:
             if q.mapped_since_ns is not None:
-                q.mapped_since_ns = now                # the stall is not progress
+                q.mapped_since_ns = stall_end          # the stall is not progress
         return cost
