@@ -76,7 +76,13 @@ class Daemon:
                              timeout=30)
         return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()}
 
+    def cpu_s(self):
+        """CPU time the daemon used so far (user + system), from /proc."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
+        self.cpu_used_s = self.cpu_s() if self.proc.poll() is None else None
         self.proc.terminate()
         try:
             _, err = self.proc.communicate(timeout=20)
@@ -107,6 +113,7 @@ def measure(args, doc):
                     row.update(summarize(outputs))
                     if daemon:
                         row["daemon_log_tail"] = log[-1500:]
+                        row["daemon_cpu_s"] = daemon.cpu_used_s
                     doc["rows"].append(row)
                     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
                                       if k != "daemon_log_tail" and not k.endswith("_gate")}), flush=True)
