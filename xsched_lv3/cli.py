@@ -32,6 +32,8 @@ def build_parser():
     d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
                    help="3 (default): suspend lower-priority clients' KFD queues where the host allows "
                         "(Lv3), else their gates hold them (Lv1); 1: gates only")
+    d.add_argument("--trace", metavar="FILE", type=argparse.FileType("a"),
+                   help="append one line per Lv3 suspend and resume (monotonic time, pid, duration)")
     d.add_argument("--sim", metavar="NAME", help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
                                                 "instead of /dev/kfd")
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
@@ -71,7 +73,7 @@ def cmd_daemon(args):
     from .daemon import Daemon
     from .lv3 import Host
     host = Host(*_kfd_of(args.sim), max_level=args.max_level)
-    daemon = Daemon(args.policy, args.socket, host=host)
+    daemon = Daemon(args.policy, args.socket, host=host, trace=args.trace)
     lv3 = host.no_kfd or f"Lv3 through {'simulated ' + args.sim if args.sim else 'KFD'} ({host.grace_why})"
     daemon.serve(ready=lambda: print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, "
                                      f"board {daemon.board.path}; {lv3}", flush=True))

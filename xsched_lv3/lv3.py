@@ -142,8 +142,9 @@ class Client:
 
 
 class Lv3Engine:
-    def __init__(self, board, host, policy, log=print):
+    def __init__(self, board, host, policy, log=print, trace=None):
         self.board, self.host, self.policy, self.log = board, host, policy, log
+        self.trace = trace                 # a file: one line per suspend/resume (`daemon --trace`)
         self.clients = {}                  # slot -> Client
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
@@ -172,6 +173,7 @@ class Lv3Engine:
             states = [replace(q, ready=False) if (q.id, q.ready_since) in self.excused else q for q in states]
         run = self.policy.decide(states, now).run
         wake_at = None
+        to_suspend, to_resume = [], []
         for q in states:
             c = self.clients[q.id]
             must_yield = q.id not in run
@@ -184,14 +186,26 @@ class Lv3Engine:
             if must_yield:
                 c.release_at = None
                 if c.suspended_at is None:
-                    self._suspend(c, now)
+                    to_suspend.append(c)
             elif c.suspended_at is not None:
                 if c.release_at is None:
                     c.release_at = now + c.switch_s
                 if now >= c.release_at:
-                    self._resume(c)
+                    to_resume.append(c)
                 else:
                     wake_at = c.release_at if wake_at is None else min(wake_at, c.release_at)
+        # Suspends first and back to back: a higher-priority client is waiting on them. Everything
+        # nobody waits on (records, the queue list's refresh) comes after.
+        suspended = [c for c in to_suspend if self._suspend(c, now)]
+        resumed = [c for c in to_resume if self._resume(c)]
+        for c in suspended:
+            self._record_suspended(c)
+        for c in resumed:
+            self._resumed(c)
+            try:
+                c.mech.queues()             # queues created since: suspendable next time (EC_QUEUE_NEW cleared)
+            except Error as e:
+                self._lost(c, f"queue snapshot failed ({e})")
         return wake_at
 
     # --- attach -------------------------------------------------------------------------------------
@@ -235,15 +249,22 @@ class Lv3Engine:
 
     # --- suspend / resume ----------------------------------------------------------------------------
     def _suspend(self, c, now):
+        """One SUSPEND_QUEUES of every queue the last snapshot named (the first time: a snapshot
+        first); True if it took."""
         started = time.monotonic()
         try:
-            result = c.mech.suspend(None, self.host.grace_period)   # every queue, snapshot refreshed
+            result = c.mech.suspend(c.mech.known_queues() or None, self.host.grace_period)
         except Error as e:
-            return self._lost(c, f"suspend failed ({e})")
+            self._lost(c, f"suspend failed ({e})")
+            return False
         c.switch_s = time.monotonic() - started
         c.queues = tuple(o.qid for o in result.outcomes if o.ok)
+        self._trace("suspend", c, started, c.queues)
         c.suspended_at = now
         c.suspends += 1
+        return True
+
+    def _record_suspended(self, c):
         self.board.write(c.slot, suspended=1, suspends=c.suspends, announce=False)
         try:
             if c.hold is None and ensure_run_dir():
@@ -258,9 +279,11 @@ class Lv3Engine:
         try:
             c.mech.resume()
         except Error as e:
-            return self._lost(c, f"resume failed ({e})")
+            self._lost(c, f"resume failed ({e})")
+            return False
         c.switch_s += time.monotonic() - started
-        self._resumed(c)
+        self._trace("resume", c, started)
+        return True
 
     def _resumed(self, c):
         if c.suspended_at is not None:
@@ -291,6 +314,12 @@ class Lv3Engine:
         if c.hold is not None:
             c.hold.__exit__(None, None, None)
             c.hold = None
+
+    def _trace(self, what, c, started, queues=()):
+        if self.trace is not None:
+            self.trace.write(f"{started:.6f} {what} pid {c.pid} took {(time.monotonic() - started) * 1e6:.0f} us"
+                             + (f" queues {list(queues)}" if queues else "") + "\n")
+            self.trace.flush()
 
     def forget(self, slot):
         c = self.clients.pop(slot, None)

@@ -91,6 +91,11 @@ class DebugTrapSuspend(Mechanism):
                 return entries
             count = args.queue_snapshot.num_queues
 
+    def known_queues(self):
+        """Queue ids of the last snapshot (empty before the first): suspending these needs no new
+        snapshot on the hot path."""
+        return list(self._entries)
+
     def mes_gpus(self):
         """gpu_ids of the target's devices that MES schedules, from the kernel's device snapshot
         (gfx_target_version per device)."""

@@ -167,6 +167,7 @@ class SimBackend:
             if data is not None:              # unreadable: not shipped, so the kernel says EFAULT
                 regions.append((addr, data))
         raw = bytes(arg)[:ioctl_opt.IOC_SIZE(request)]
+        self._channel().collect()             # posted doorbells first: their replies come before ours
         self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions)) + raw
                                 + pack_regions(regions)))
         try:
@@ -193,6 +194,15 @@ class SimBackend:
         connection, so a `wait` blocks only this thread (the GIL is released while it does).
         Returns the server's JSON reply; SimulatorError with its one-line reason on refusal."""
         return self._channel().call_json(b"D" + json.dumps({"op": op, **fields}).encode())
+
+    def post_doorbell(self, op, **fields):
+        """`doorbell` without waiting for the reply, as a doorbell write does not wait: a refusal
+        (a full ring) is raised by this thread's next call to the simulator."""
+        self._channel().post_json(b"D" + json.dumps({"op": op, **fields}).encode())
+
+    def flush(self):
+        """Wait until the server has taken this thread's posted doorbells (and raise a refusal)."""
+        self._channel().collect()
 
     def read_memory(self, pid, addr, length):
         """/proc/<pid>/mem's stand-in (kfdtool.device's backend interface): what the simulated

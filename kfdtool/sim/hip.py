@@ -54,10 +54,13 @@ class SimHipRuntime:
     def __init__(self, runtime, max_hw_queues=None):
         self.rt = runtime
         self.doorbell = runtime.kfd.backend.doorbell
+        self.post_doorbell = runtime.kfd.backend.post_doorbell
+        self.flush = runtime.kfd.backend.flush
         env = os.environ.get("GPU_MAX_HW_QUEUES")
         self.max_hw_queues = max_hw_queues or (int(env) if env and env.isdigit() else 4)
         self.pools = {}                   # (gpu_id, priority) -> {qid: refcount}
         self._lock = threading.Lock()     # pools, queue creation, stream signals
+        self._dispatched = {}             # qid -> kernels this process dispatched to it
 
     def create_stream(self, name, gpu_id, priority="normal", cu_mask=False):
         if priority not in KFD_PRIORITY:
@@ -84,11 +87,17 @@ class SimHipRuntime:
             if stream.qid is None:
                 stream.qid = self._acquire(stream)
             qid = stream.qid
-        dispatched = self.doorbell("dispatch", qid=qid, kernels=[kernel])["dispatched"]
+        # Posted, not waited for: a real launch writes the packet and the doorbell and goes on. Our
+        # queues are ours alone, so we count what we dispatched (the queue's signal) ourselves.
+        self.post_doorbell("dispatch", qid=qid, kernels=[kernel])
         with self._lock:
-            stream.signal = max(stream.signal, dispatched)
+            self._dispatched[qid] = self._dispatched.get(qid, 0) + 1
+            stream.signal = self._dispatched[qid]
 
     def record(self, stream):
+        """An event covering everything launched on `stream` so far. It waits until the server
+        has taken this thread's launches, so that any thread may wait on the event."""
+        self.flush()
         with self._lock:
             return SimEvent(stream.qid, stream.signal)
 
