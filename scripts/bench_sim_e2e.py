@@ -42,14 +42,14 @@ JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
 # A ResNet-18-like request (20 kernels of 100 µs, each a quarter of the GPU) and a training-like
 # iteration (20 kernels of 1 ms, each filling the GPU): the shapes, not tuned values, matter here.
 SERVE = ["--kernels", "20", "--kernel-us", "100", "--occupancy", "0.25", "--rate", "20"]
-BATCH = ["--kernels", "20", "--kernel-us", "1000", "--occupancy", "1.0"]
+BATCH = ["--kernels", "20", "--occupancy", "1.0"]     # kernel length: --lp-kernel-us (Lv1 waits for it)
 VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3")
 
 
-def commands(variant, machine, lps, seconds):
+def commands(variant, machine, lps, seconds, lp_kernel_us):
     common = ["--sim", machine, "--seconds", str(seconds)]
     hp = [PY, JOB, *common, "serve", *SERVE]
-    lp = [PY, JOB, *common, "batch", *BATCH]
+    lp = [PY, JOB, *common, "batch", *BATCH, "--kernel-us", str(lp_kernel_us)]
     if variant == "hp-alone":
         return [hp]
     if variant == "lp-alone":
@@ -106,10 +106,12 @@ def measure(args, doc):
                     daemon = Daemon(machine, env) if variant == "lv3" else None
                     t = time.monotonic()
                     try:
-                        outputs = run_together(commands(variant, machine, lps, args.seconds), args.seconds + 120)
+                        outputs = run_together(commands(variant, machine, lps, args.seconds, args.lp_kernel_us),
+                                               args.seconds + 120)
                     finally:
                         log = daemon.stop() if daemon else ""
-                    row = {"machine": machine, "lps": lps, "variant": variant, "wall_s": round(time.monotonic() - t, 1)}
+                    row = {"machine": machine, "lps": lps, "lp_kernel_us": args.lp_kernel_us, "variant": variant,
+                           "wall_s": round(time.monotonic() - t, 1)}
                     row.update(summarize(outputs))
                     if daemon:
                         row["daemon_log_tail"] = log[-1500:]
@@ -144,10 +146,11 @@ def ratios(doc):
             if not {"hp-alone", "lp-alone"} <= set(rows):
                 continue
             hp, lp = rows["hp-alone"]["hp_p99_ms"], rows["lp-alone"]["lp_iters_per_s"]
-            out[f"{machine}/{lps}"] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
+            key = f"{machine}/{lps}/{rows['lp-alone'].get('lp_kernel_us', 1000.0):g}"
+            out[key] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
                                            "lp_share": rows[v]["lp_iters_per_s"] / lp}
                                        for v in ("native", "lv1", "lv3") if v in rows}
-            out[f"{machine}/{lps}"]["hp_alone_p99_ms"] = hp
+            out[key]["hp_alone_p99_ms"] = hp
     return out
 
 
@@ -155,8 +158,8 @@ def table(paths):
     """Markdown: median (min-max) over the given runs of HP P99 vs alone and LP throughput share."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     keys = sorted({k for r in runs for k in r["ratios"]})
-    lines = ["| machine | processes | HP P99 alone | native HP P99 / LP | Lv1 HP P99 / LP | Lv3 HP P99 / LP |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| machine | processes | LP kernel | HP P99 alone | native HP P99 / LP | Lv1 HP P99 / LP | Lv3 HP P99 / LP |",
+             "|---|---|---|---|---|---|---|"]
 
     def cell(values, fmt):
         if not values:
@@ -164,9 +167,10 @@ def table(paths):
         med = statistics.median(values)
         return fmt.format(med) + (f" ({fmt.format(min(values))}-{fmt.format(max(values))})" if len(values) > 1 else "")
     for key in keys:
-        machine, lps = key.split("/")
+        machine, lps, kernel_us = key.split("/")
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
-        row = [machine, str(int(lps) + 1), cell([p["hp_alone_p99_ms"] for p in per], "{:.1f} ms")]
+        row = [machine, str(int(lps) + 1), f"{float(kernel_us) / 1000:g} ms",
+               cell([p["hp_alone_p99_ms"] for p in per], "{:.1f} ms")]
         for v in ("native", "lv1", "lv3"):
             row.append(cell([p[v]["hp_p99_x"] for p in per if v in p], "{:.2f}x") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
@@ -180,6 +184,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--machines", nargs="+", default=["mi308x", "mi300x"])
     p.add_argument("--lps", nargs="+", type=int, default=[1, 3], help="batch jobs next to the service")
+    p.add_argument("--lp-kernel-us", type=float, default=1000.0,
+                   help="the batch jobs' kernel length (each fills the GPU): what an HP waits for at Lv1")
     p.add_argument("--seconds", type=float, default=26.0, help="per variant (26 s at 20 req/s: 501 requests)")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out")
@@ -188,7 +194,8 @@ def main():
     if args.table:
         print(table(args.table))
         return
-    doc = {"provenance": provenance(), "serve": SERVE, "batch": BATCH, "rows": []}
+    doc = {"provenance": provenance(), "serve": SERVE, "batch": BATCH + ["--kernel-us", str(args.lp_kernel_us)],
+           "rows": []}
     measure(args, doc)
     doc["ratios"] = ratios(doc)
     out = Path(args.out or REPO / "results" / f"bench_sim_e2e_r{args.rep}.json")
