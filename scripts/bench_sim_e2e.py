@@ -155,11 +155,13 @@ def ratios(doc):
 
 
 def table(paths):
-    """Markdown: median (min-max) over the given runs of HP P99 vs alone and LP throughput share."""
+    """Markdown: HP P99 (ms) and LP throughput (share of the LP alone) per variant, median (min-max)
+    over the given runs."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    keys = sorted({k for r in runs for k in r["ratios"]})
-    lines = ["| machine | processes | LP kernel | HP P99 alone | native HP P99 / LP | Lv1 HP P99 / LP | Lv3 HP P99 / LP |",
-             "|---|---|---|---|---|---|---|"]
+    keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
+                                                                        int(k.split("/")[1])))
+    lines = ["| machine | LP kernel | processes | HP P99 alone | native: HP P99 / LP | Lv1: HP P99 / LP "
+             "| Lv3: HP P99 / LP |", "|---|---|---|---|---|---|---|"]
 
     def cell(values, fmt):
         if not values:
@@ -169,15 +171,16 @@ def table(paths):
     for key in keys:
         machine, lps, kernel_us = key.split("/")
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
-        row = [machine, str(int(lps) + 1), f"{float(kernel_us) / 1000:g} ms",
+        row = [machine, f"{float(kernel_us) / 1000:g} ms", f"1 HP + {lps} LP",
                cell([p["hp_alone_p99_ms"] for p in per], "{:.1f} ms")]
         for v in ("native", "lv1", "lv3"):
-            row.append(cell([p[v]["hp_p99_x"] for p in per if v in p], "{:.2f}x") + " / "
+            row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f} ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
-    runs_note = f"{len(runs)} run{'s' if len(runs) > 1 else ''}: " + ", ".join(
-        f"{r['provenance']['git_revision'][:7]} ({r['provenance']['cpu_count']} CPUs)" for r in runs)
-    return "\n".join(lines) + f"\n\nMedian (min-max) of {runs_note}."
+    revisions = sorted({f"{r['provenance']['git_revision'][:7]}" for r in runs})
+    cpus = sorted({r["provenance"]["cpu_count"] for r in runs})
+    return "\n".join(lines) + (f"\n\n{len(runs)} results files (revisions {', '.join(revisions)}; "
+                               f"{'/'.join(map(str, cpus))} CPUs): one run per row, 501 HP requests each.")
 
 
 def main():

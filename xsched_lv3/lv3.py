@@ -181,6 +181,8 @@ class Lv3Engine:
                         for o in states if o.id != q.id) or not self.policy.strict_priority
             if c.mech is None and (above or must_yield):
                 self._attach(c, q, per_pid[q.pid], now)
+            elif c.mech is None and c.retry_at != float("inf"):
+                c.why = "never preempted: nobody above it on its GPU"
             if c.mech is None:
                 continue
             if must_yield:
