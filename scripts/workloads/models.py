@@ -25,10 +25,13 @@ def build(name, batch, device="cuda"):
 
 def wait_for_start():
     """Say READY once warm, then wait for the common start time (CLOCK_MONOTONIC, system-wide) on
-    stdin, so that every program of a run measures over the same interval."""
+    stdin, so that every program of a run measures over the same interval. No stdin (< /dev/null,
+    a closed pipe): start now."""
     print("READY", flush=True)
-    line = input()
-    start_at = float(line)
+    try:
+        start_at = float(input())
+    except (EOFError, ValueError):
+        return time.monotonic()
     while time.monotonic() < start_at:
         time.sleep(0.0005)
     return start_at
