@@ -10,7 +10,6 @@ kernel of W us to `hip.synchronize` returning, minus W; it is an upper bound on 
 wake-up lateness (it also holds the dispatch round trip and the wait message's trip).
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import provenance  # noqa: E402
+from benchlib import provenance, write_results  # noqa: E402
 
 PRESET = "mi308x"
 WAIT_KERNELS_US = (200.0, 2000.0, 20000.0)
@@ -86,9 +85,7 @@ def main():
         print(f"wait overshoot {kernel:>8}: p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:7.1f} us  "
               f"max {r['max_us']:8.1f} us")
     doc = {**provenance(), "preset": PRESET, "server": "realtime", **result, "load_average_at_start": load_at_start}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, doc)
     return 0
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import PY, latency_summary, provenance, run_together, xsched_run  # noqa: E402
+from benchlib import PY, latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
 
 JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
 # A ResNet-18-like request (20 kernels of 100 µs, each a quarter of the GPU) and a training-like
@@ -201,10 +201,8 @@ def main():
            "rows": []}
     measure(args, doc)
     doc["ratios"] = ratios(doc)
-    out = Path(args.out or REPO / "results" / f"bench_sim_e2e_r{args.rep}.json")
-    out.write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc["ratios"], indent=1))
-    print(f"wrote {out}")
+    write_results(args.out or REPO / "results" / f"bench_sim_e2e_r{args.rep}.json", doc)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import latency_summary, provenance  # noqa: E402
+from benchlib import latency_summary, provenance, write_results  # noqa: E402
 
 PRESET = "mi210"
 
@@ -117,9 +117,7 @@ def main():
         shutil.rmtree(state, ignore_errors=True)
     doc = {**provenance(), "preset": PRESET, "request": "GET_VERSION", "levels": rows,
            "load_average_at_start": load_at_start}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, doc)
     return 0
 
 

@@ -28,6 +28,30 @@ def open_loop(rate, seconds, request, warmup_s=0.0, t0=None):
         i += 1
 
 
+def iterations_per_second(step, start_at, seconds, warmup_s=0.0):
+    """Call `step()` back to back until start_at + seconds; the rate of the calls that ended after
+    start_at + warmup_s (counted from the first of them)."""
+    done, counted_from = 0, None
+    t_begin, t_end = start_at + warmup_s, start_at + seconds
+    while time.monotonic() < t_end:
+        step()
+        now = time.monotonic()
+        if now >= t_begin:
+            if counted_from is None:
+                counted_from = now
+            else:
+                done += 1
+    return done / (time.monotonic() - counted_from) if counted_from else 0.0
+
+
+def write_results(path, doc):
+    """A results file: JSON, its folder created if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def latency_summary(latencies_s, prefix="hp"):
     """p50 / p99 / max in ms (p99 = the value at rank 0.99 of the sorted samples)."""
     lat = sorted(latencies_s)

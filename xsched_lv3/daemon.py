@@ -240,15 +240,7 @@ class Daemon:
                 raise DaemonRefused(f"{path} exists and is not a socket an earlier xsched-lv3 daemon left: "
                                     "not removing it (remove it yourself, or choose another --socket)")
             os.unlink(path)                # ours, left by a daemon that did not shut down cleanly
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)        # created 0600: there is no moment at which others may connect
-        try:
-            listener.bind(path)
-        except OSError as e:
-            listener.close()
-            raise DaemonRefused(f"cannot create the socket {path}: {e.strerror}") from None
-        finally:
-            os.umask(old_umask)
+        listener = _bind_private(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path)
         self.bound = _identity(os.lstat(path))
         self.lock.record(self.bound)
         listener.listen(64)
@@ -495,7 +487,12 @@ def _bind_wake(path):
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
             raise DaemonRefused(f"{path} exists and is not a wake socket of ours: not removing it")
         os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+    return _bind_private(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC),
+                         path)
+
+
+def _bind_private(sock, path):
+    """Bind `sock` at `path` created 0600: there is no moment at which others may connect."""
     old_umask = os.umask(0o177)
     try:
         sock.bind(path)

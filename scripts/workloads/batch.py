@@ -9,9 +9,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+from benchlib import iterations_per_second  # noqa: E402  (the benchmarks' one closed loop)
 from models import MODELS, build, wait_for_start  # noqa: E402
 
 
@@ -19,19 +20,12 @@ def run_batches(model, x, seconds, warmup_s, start_at):
     """Iterations per second between start_at + warmup_s and start_at + seconds."""
     import torch
     stream = torch.cuda.current_stream()
-    done, counted_from = 0, None
-    t_begin, t_end = start_at + warmup_s, start_at + seconds
+
+    def step():
+        model(x)
+        stream.synchronize()
     with torch.no_grad():
-        while time.monotonic() < t_end:
-            model(x)
-            stream.synchronize()
-            now = time.monotonic()
-            if now >= t_begin:
-                if counted_from is None:
-                    counted_from = now
-                else:
-                    done += 1
-    return done / (time.monotonic() - counted_from) if counted_from else 0.0
+        return iterations_per_second(step, start_at, seconds, warmup_s)
 
 
 def main():

@@ -16,11 +16,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
+from benchlib import iterations_per_second, open_loop  # noqa: E402  (the benchmarks' loops)
 from models import wait_for_start  # noqa: E402  (torch-free: the common start protocol)
 
 from kfdtool.sim.hip import SimHip, SimModel  # noqa: E402
@@ -41,17 +40,8 @@ def serve(hip, stream, model, args, start_at):
 
 
 def batch(hip, stream, model, args, start_at):
-    done, counted_from = 0, None
-    t_begin, t_end = start_at + args.warmup_s, start_at + args.seconds
-    while time.monotonic() < t_end:
-        hip.synchronize(model(stream))
-        now = time.monotonic()
-        if now >= t_begin:
-            if counted_from is None:
-                counted_from = now
-            else:
-                done += 1
-    return {"lp_iters_per_s": done / (time.monotonic() - counted_from) if counted_from else 0.0}
+    rate = iterations_per_second(lambda: hip.synchronize(model(stream)), start_at, args.seconds, args.warmup_s)
+    return {"lp_iters_per_s": rate}
 
 
 def main():
