@@ -20,7 +20,7 @@ import pytest
 
 from xsched_lv3.board import SLOTS
 from xsched_lv3.daemon import MAX_LINE_BYTES, connection_refusal
-from xsched_lv3.daemon_link import request
+from xsched_lv3.daemon_link import request, wake_path
 
 READ_TIMEOUT_S = 10
 
@@ -98,6 +98,12 @@ MALFORMED = [
     (b'{"op": "register", "priority": "5"}', "wants a number"),
     (b'{"op": "register", "priority": 2.5}', "wants a whole number"),
     (b'{"op": "register", "priority": 1000000000000}', "between -1000 and 1000"),
+    (b'{"op": "register", "hints": [1, 2]}', "hints must be an object"),
+    (b'{"op": "register", "hints": {"utilization": 1e999}}', "must be a finite number"),
+    (b'{"op": "register", "hints": {"nice": 5}}', "unknown hint"),
+    (b'{"op": "register", "tid": -1}', "tid must be a thread id"),
+    (b'{"op": "register", "tid": true}', "tid must be a thread id"),
+    (b'{"op": "register", "tid": 1e99}', "tid must be a thread id"),
     (b'{"op": "hint", "pid": 1e999, "name": "priority", "value": 1}', "pid must be a process id"),
     (b'{"op": "hint", "pid": true, "name": "priority", "value": 1}', "pid must be a process id"),
     (b'{"op": "hint", "pid": -1, "name": "priority", "value": 1}', "pid must be a process id"),
@@ -121,6 +127,19 @@ def test_each_malformed_request_gets_one_error_and_the_connection_goes_on(daemon
         assert set(reply) == {"error"} and needle in reply["error"], reply
         assert len(reply["error"]) < 300                   # one line, not an echo of the input
         assert ask(s, STATUS)["ok"]                         # the same connection still works
+    assert_serving(daemon)
+
+
+def test_wake_socket_survives_any_datagrams(daemon):
+    """Anyone who can reach the wake socket can only make the daemon read the board again."""
+    wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for payload in (b"", b"x" * 60000, os.urandom(512), b'{"op": "shutdown"}\n'):
+        for _ in range(200):
+            try:
+                wake.sendto(payload, wake_path(daemon))
+            except BlockingIOError:
+                break
+    wake.close()
     assert_serving(daemon)
 
 
