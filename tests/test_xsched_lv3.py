@@ -176,3 +176,75 @@ def test_status_cli_shows_level_state_and_why(setup):
     table = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], capture_output=True, text=True, timeout=30)
     line = next(ln for ln in table.stdout.splitlines() if ln.split()[:1] == [str(s.lp.pid)])
     assert "Lv3" in line and "suspended" in line and "DBG_TRAP" in line
+
+
+class FakeMechanism:
+    """Stands in for DebugTrapSuspend: records calls; a suspend "takes" `switch_s` of wall time."""
+    calls = []
+
+    def __init__(self, kfd, pid, read_wave_state=True):
+        self.pid = pid
+
+    def known_queues(self):
+        return [0, 1]
+
+    def suspend(self, qids=None, grace_period=None):
+        from kfdtool.cwsr.mechanisms import MechanismResult, QueueOutcome
+        FakeMechanism.calls.append(("suspend", self.pid))
+        time.sleep(0.002)
+        return MechanismResult([QueueOutcome(q, "suspended") for q in (qids or [0, 1])])
+
+    def resume(self, qids=None):
+        FakeMechanism.calls.append(("resume", self.pid))
+
+    def queues(self, clear_new=True):
+        return []
+
+    def close(self):
+        FakeMechanism.calls.append(("close", self.pid))
+
+
+def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(tmp_path, monkeypatch):
+    """After the HP goes idle, the LP stays suspended for as long as its last suspend + resume took;
+    an HP back within that time costs no switch, one back later gets a resume and a new suspend."""
+    import xsched_lv3.lv3 as lv3
+    from xsched_lv3.policy import make_policy
+    monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
+    monkeypatch.setenv("KFDTOOL_RUN_DIR", str(tmp_path / "run"))
+    FakeMechanism.calls = []
+
+    class Host:
+        kfd, grace_period = object(), 1
+
+        def level_for(self, pid):
+            return lv3.LV3, "Lv3: fake"
+    board = Board(tmp_path / "board")
+    hp_proc, lp_proc = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    try:
+        hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+        lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+        engine = lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)
+        engine.sync(now=100.0)
+        assert board.read_slot(lp).level == 3 and FakeMechanism.calls == []     # attached, not suspended
+        board.set_active(hp, True)
+        engine.sync(now=100.001)
+        assert FakeMechanism.calls == [("suspend", lp_proc.pid)]
+        switch_s = engine.clients[lp].switch_s
+        assert switch_s >= 0.002
+        board.set_active(hp, False)
+        wake_at = engine.sync(now=100.010)                 # idle: resume is put off by the switch cost
+        assert wake_at == pytest.approx(100.010 + switch_s) and len(FakeMechanism.calls) == 1
+        board.set_active(hp, True)                        # back within it: still suspended, no calls
+        engine.sync(now=100.010 + switch_s / 2)
+        assert len(FakeMechanism.calls) == 1 and engine.clients[lp].suspended_at is not None
+        board.set_active(hp, False)
+        engine.sync(now=100.020)
+        assert engine.sync(now=100.020 + switch_s + 1e-6) is None     # later: resumed
+        assert FakeMechanism.calls[-1] == ("resume", lp_proc.pid)
+        engine.close()
+        assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
+    finally:
+        for p in (hp_proc, lp_proc):
+            p.kill()
+            p.wait()
+        board.close()
