@@ -248,3 +248,64 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(tmp_
             p.kill()
             p.wait()
         board.close()
+
+
+def xsched(*args):
+    return subprocess.run([sys.executable, "-m", "xsched_lv3", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_attach_an_uninstrumented_process_and_detach_it(setup):
+    """`xsched-lv3 attach`: a running process with no gate (here a bare simulated GPU process) is
+    suspended while a higher-priority client is active; `detach` resumes it and lets it go."""
+    s = setup
+    gpu = s.queues(s.lp)[0]["gpu_id"]
+    out = xsched("attach", "--pid", str(s.lp.pid), "--priority", "0", "--device", str(gpu))
+    assert out.returncode == 0 and "attached at priority 0; Lv3" in out.stdout, out.stderr
+    assert s.board.read_slot(next(i for i, x in s.board.slots() if x.pid == s.lp.pid)).level == 3
+    again = xsched("attach", "--pid", str(s.lp.pid))
+    assert again.returncode == 1 and "already scheduled" in again.stderr
+    from xsched_lv3.board import kfd_device_key
+    hp = s.board.allocate(s.hp.pid, 10, 0, kfd_device_key(gpu))        # an instrumented HP (its gate)
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "the attached LP to be suspended")
+    status = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], capture_output=True, text=True, timeout=30)
+    line = next(ln for ln in status.stdout.splitlines() if ln.split()[:1] == [str(s.lp.pid)])
+    assert "attached" in line and "suspended" in line
+    out = xsched("detach", "--pid", str(s.lp.pid))
+    assert out.returncode == 0, out.stderr
+    wait_for(s.lp_running, "detach to resume the LP while the HP is still active")
+    assert all(q["debugger"] is None for q in s.queues(s.lp))
+    assert all(x.pid != s.lp.pid for _, x in s.board.slots())
+    out = xsched("detach", "--pid", str(s.lp.pid))
+    assert out.returncode == 1 and "is not attached" in out.stderr
+
+
+def test_attach_is_refused_where_lv3_cannot_reach_the_process(setup):
+    s = setup
+    sleeper = subprocess.Popen(["sleep", "30"])                    # no KFD process: nothing to suspend
+    try:
+        out = xsched("attach", "--pid", str(sleeper.pid))
+        assert out.returncode == 1 and "cannot attach" in out.stderr and len(out.stderr.splitlines()) == 1
+        assert all(x.pid != sleeper.pid for _, x in s.board.slots())   # nothing left behind
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    for bad, needle in ((["--pid", "0"], "pid must be"), (["--pid", "999999999"], "pid must be"),
+                        (["--pid", "1"], "permission denied"), (["--pid", str(s.lp.pid), "--device", "-3"], "device")):
+        out = xsched("attach", *bad)
+        if os.geteuid() == 0 and bad == ["--pid", "1"]:
+            assert out.returncode == 1 and "cannot attach" in out.stderr     # root may, but init has no KFD
+            continue
+        assert out.returncode == 1 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_stopping_daemon_resumes_and_releases_attached_processes(setup):
+    s = setup
+    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
+    hp = s.client(s.hp, 10)
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    s.daemon.send_signal(signal.SIGTERM)
+    _, err = s.daemon.communicate(timeout=10)
+    assert s.daemon.returncode == 0 and "Traceback" not in err, err
+    assert s.lp_running() and all(x.pid != s.lp.pid for _, x in s.board.slots())

@@ -17,6 +17,7 @@ import random
 import stat
 import struct
 import time
+import zlib
 from collections import namedtuple
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +50,7 @@ SLOT_FIELDS = (
     ("held", "I"),                # C: its launching thread is held back by its gate now
     ("held_s", "d"),              # C: seconds held back by its gate, in total
     ("suspended_s", "d"),         # D: seconds suspended, in total
+    ("attached", "I"),            # D: registered by `xsched-lv3 attach` (no gate inside: never active)
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
@@ -57,10 +59,16 @@ FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIE
 FIELD_CODE = dict(SLOT_FIELDS)
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
-                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0)
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0)
 SLOTS_OFFSET = HEADER.size
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
 NAN = float("nan")
+
+
+def kfd_device_key(gpu_id):
+    """The board's key for the GPU a KFD gpu_id names (what the simulated runtime's clients and
+    `xsched-lv3 attach --device` use)."""
+    return zlib.crc32(f"kfd-gpu-{gpu_id}".encode()) or 1
 
 
 def default_path():

@@ -56,6 +56,23 @@ def build_parser():
     r.add_argument("--laxity-us", type=float, help="--policy laxity: raise to critical priority after this long")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(run=cmd_run)
+    a = sub.add_parser("attach", help="schedule a running process without `run` (Lv3 only: KFD queue suspend)",
+                       description="Schedule a running process that `xsched-lv3 run` did not start (LibTorch, HIP "
+                                   "C++, any framework): the daemon suspends its KFD queues while a higher-priority "
+                                   "client on its GPU is active. Needs a daemon with Lv3; refused where Lv3 is not "
+                                   "available for the process. It is preempted, but does not yet preempt others.",
+                       epilog="examples:\n  xsched-lv3 attach --pid 4242 --priority 0 --device 24248\n"
+                              "  xsched-lv3 detach --pid 4242", formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--pid", type=int, required=True)
+    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("--device", type=int, metavar="GPU_ID",
+                   help="the KFD gpu_id its work runs on (default: counts on every GPU)")
+    a.add_argument("--socket")
+    a.set_defaults(run=cmd_attach)
+    dt = sub.add_parser("detach", help="stop scheduling an attached process (resumes it)")
+    dt.add_argument("--pid", type=int, required=True)
+    dt.add_argument("--socket")
+    dt.set_defaults(run=cmd_detach)
     s = sub.add_parser("status", help="scheduled clients: level and why, state, suspends, held time")
     s.add_argument("--json", action="store_true")
     s.add_argument("--socket", help="the daemon's socket, if it was started with --socket")
@@ -151,9 +168,31 @@ def cmd_status(args):
           f"{'SUSP_S':>8} {'HELD_S':>8}  WHY")
     for c in clients:
         state = "suspended" if c["suspended"] else "held" if c["held"] else "running" if c["active"] else "idle"
-        print(f"{c['pid']:>8} {c['tid'] or '-':>8} {c['priority']:>5} {c['device'] or '-':>10} "
+        tid = "attached" if c.get("attached") else c["tid"] or "-"
+        print(f"{c['pid']:>8} {tid:>8} {c['priority']:>5} {c['device'] or '-':>10} "
               f"{'Lv' + str(c['level']):>5} {state:<9} {c['suspends']:>8} {c['suspended_s']:>8.3f} "
               f"{c['held_s']:>8.3f}  {c['why']}")
+    return 0
+
+
+def cmd_attach(args):
+    from .daemon_link import request
+    msg = {"op": "attach", "pid": args.pid, "priority": check_hint("priority", args.priority)}
+    if args.device is not None:
+        msg["device"] = args.device
+    reply = request(msg, args.socket)
+    if "error" in reply:
+        raise ValueError(reply["error"])
+    print(f"pid {args.pid}: attached at priority {args.priority}; {reply['why']}")
+    return 0
+
+
+def cmd_detach(args):
+    from .daemon_link import request
+    reply = request({"op": "detach", "pid": args.pid}, args.socket)
+    if "error" in reply:
+        raise ValueError(reply["error"])
+    print(f"pid {args.pid}: detached (its queues run)")
     return 0
 
 

@@ -26,12 +26,12 @@ import struct
 import time
 import traceback
 
-from kfdtool.pids import ExitWatch
+from kfdtool.pids import ExitWatch, alive
 from kfdtool.ratelog import RateLimitedLog
 
-from .board import Board, default_path
+from .board import Board, default_path, kfd_device_key
 from .daemon_link import default_socket, wake_path
-from .lv3 import LV1, Host, Lv3Engine
+from .lv3 import LV1, LV3, Host, Lv3Engine
 from .policy import POLICIES, check_hint, make_policy, short_repr
 
 CRED = struct.Struct("3i")
@@ -254,6 +254,9 @@ class Daemon:
         if self.stopped_by:
             self.log(f"{self.stopped_by}: shutting down")
         self.engine.close()                # every suspended queue resumed, every target released
+        for slot, s in self.board.slots():
+            if s.attached:                 # nothing inside an attached process would ever release it
+                self.board.release(slot)
         self.host.close()
         self.board.clear_daemon(os.getpid())
         if self.wake is not None:
@@ -420,10 +423,24 @@ class Daemon:
                     self.board.set_hint(slot, name, value)
             self._watch_pid(peer_pid)
             return {"ok": True, "slot": slot}
+        if op == "attach":
+            return self._attach_process(msg, peer_uid)
+        if op == "detach":
+            target = check_pid(msg.get("pid"))
+            if not may_change(peer_uid, target):
+                return {"error": f"permission denied: only root or the owner of pid {target} may detach it"}
+            slots = [i for i, s in self.board.slots() if s.pid == target and s.attached]
+            if not slots:
+                return {"error": f"pid {target} is not attached (a process under `xsched-lv3 run` leaves when it exits)"}
+            for slot in slots:
+                self.board.release(slot)
+            self._schedule()                   # forgets it: whatever is suspended is resumed, the debugger leaves
+            return {"ok": True}
         if op == "status":
             return {"ok": True, "policy": self.board.policy(), "clients": [
                 {"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "active": bool(s.active),
                  "device": s.device, "suspended": bool(s.suspended), "held": bool(s.held), "held_s": s.held_s,
+                 "attached": bool(s.attached),
                  **self.engine.describe(i)}
                 for i, s in self.board.slots()]}
         if op == "hint":
@@ -447,7 +464,37 @@ class Daemon:
             self.board.set_policy(name)
             self.engine.policy = make_policy(name)
             return {"ok": True}
-        return {"error": f"unknown op {short_repr(op)}; one of register, status, hint, policy"}
+        return {"error": f"unknown op {short_repr(op)}; one of register, attach, detach, status, hint, policy"}
+
+    def _attach_process(self, msg, peer_uid):
+        """`xsched-lv3 attach`: schedule a running process that has no gate (LibTorch, HIP C++, any
+        framework). Only Lv3 reaches it, so it is refused wherever Lv3 is not available for it."""
+        target = check_pid(msg.get("pid"))
+        priority = check_hint("priority", msg.get("priority", 0))
+        gpu = msg.get("device")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu < 1 << 32):
+            raise ValueError(f"device must be a KFD gpu_id (a positive integer, see `kfdtool topology`), "
+                             f"got {short_repr(gpu)}")
+        if not may_change(peer_uid, target):
+            return {"error": f"permission denied: only root or the owner of pid {target} may attach it"}
+        if not alive(target):
+            return {"error": f"pid {target} does not exist"}
+        if any(s.pid == target for _, s in self.board.slots()):
+            return {"error": f"pid {target} is already scheduled"}
+        try:
+            slot = self.board.allocate(target, priority, 0, kfd_device_key(gpu) if gpu else 0)
+        except RuntimeError as e:          # the board is full
+            return {"error": str(e)}
+        self.board.write(slot, attached=1)
+        level, why = self.engine.attach_now(slot, target)
+        if level < LV3:
+            self.engine.forget(slot)
+            self.board.release(slot)
+            return {"error": f"cannot attach pid {target}: {why.removeprefix('Lv1: ')} (a process without "
+                             f"`xsched-lv3 run` can only be preempted at Lv3)"}
+        self._watch_pid(target)
+        self._schedule()
+        return {"ok": True, "slot": slot, "why": why}
 
     # --- client processes -----------------------------------------------------------------------
     def _watch_pid(self, pid):

@@ -180,7 +180,7 @@ class Lv3Engine:
             above = any(o.hints.get("priority", 0) > q.hints.get("priority", 0) and shares_device(o.device, q.device)
                         for o in states if o.id != q.id) or not self.policy.strict_priority
             if c.mech is None and (above or must_yield):
-                self._attach(c, q, per_pid[q.pid], now)
+                self._attach(c, None if slots[q.id].attached else q, per_pid[q.pid], now)
             elif c.mech is None and c.retry_at != float("inf"):
                 c.why = "never preempted: nobody above it on its GPU"
             if c.mech is None:
@@ -211,13 +211,22 @@ class Lv3Engine:
         return wake_at
 
     # --- attach -------------------------------------------------------------------------------------
+    def attach_now(self, slot, pid, now=None):
+        """`xsched-lv3 attach`: take the debugger role on an uninstrumented process at once (it has
+        no gate to fall back on). Returns (level, why)."""
+        now = time.monotonic() if now is None else now
+        c = self.clients.setdefault(slot, Client(slot, pid))
+        self._attach(c, None, 1, now)
+        return c.level, c.why
+
     def _attach(self, c, q, clients_in_process, now):
+        """`q`: the client's state on the board; None for an attached process (its GPU is in use)."""
         if now < c.retry_at:                # inf: decided for good
             return
         if clients_in_process > 1:
             return self._stay_lv1(c, f"Lv1: one of {clients_in_process} clients in pid {c.pid} "
                                      "(KFD queues belong to the process, not to a thread)", final=False, now=now)
-        if not q.device:
+        if q is not None and not q.device:
             c.why = "Lv1: waiting for its GPU to be in use"
             return
         if os.geteuid() != 0 and _owner(c.pid) != os.geteuid():

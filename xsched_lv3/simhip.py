@@ -7,8 +7,8 @@ is held at Lv1. At Lv3 (the daemon suspends this process's KFD queues) nothing i
 wrappers only mark requests active and idle. This is what the simulated end-to-end benchmark runs.
 """
 import threading
-import zlib
 
+from .board import kfd_device_key
 from .runenv import process_gate
 
 _local = threading.local()
@@ -40,7 +40,7 @@ class SimHipRecorder:
         (its KFD gpu_id is the machine's name for it)."""
         if self.stream is None:
             return None
-        return zlib.crc32(f"kfd-gpu-{self.stream.gpu_id}".encode()) or 1
+        return kfd_device_key(self.stream.gpu_id)
 
 
 def install():
