@@ -490,8 +490,8 @@ class Daemon:
         if level < LV3:
             self.engine.forget(slot)
             self.board.release(slot)
-            return {"error": f"cannot attach pid {target}: {why.removeprefix('Lv1: ')} (a process without "
-                             f"`xsched-lv3 run` can only be preempted at Lv3)"}
+            return {"error": f"cannot attach pid {target}: {why.removeprefix('Lv1: ')}; a process without "
+                             f"`xsched-lv3 run` can only be preempted at Lv3"}
         self._watch_pid(target)
         self._schedule()
         return {"ok": True, "slot": slot, "why": why}

@@ -243,8 +243,9 @@ class Lv3Engine:
         except NoSuchProcess:
             return self._stay_lv1(c, f"Lv1: pid {c.pid} is gone", final=False, now=now)
         except KfdIoctlError as e:
-            if e.errno == errno.ESRCH:      # not a KFD process yet: its runtime has not opened /dev/kfd
-                return self._stay_lv1(c, "Lv1: not a KFD process yet", final=False, now=now)
+            if e.errno == errno.ESRCH:      # not a KFD process (yet): its runtime has not opened /dev/kfd
+                return self._stay_lv1(c, "Lv1: not a KFD process yet" if q is not None else
+                                      "Lv1: not a KFD process (it has not opened /dev/kfd)", final=False, now=now)
             if e.errno == errno.ENODEV:
                 return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
             return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
