@@ -14,6 +14,17 @@ def process_state(pid):
         return None
 
 
+def start_time(pid):
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None: with the
+    pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def alive(pid):
     """True if `pid` exists and has not exited (even if it belongs to another user). A zombie has
     exited: its memory, fds and GPU queues are gone, only its exit status waits for its parent."""

@@ -309,3 +309,112 @@ def test_a_stopping_daemon_resumes_and_releases_attached_processes(setup):
     _, err = s.daemon.communicate(timeout=10)
     assert s.daemon.returncode == 0 and "Traceback" not in err, err
     assert s.lp_running() and all(x.pid != s.lp.pid for _, x in s.board.slots())
+
+
+class InstantGPU:
+    """A recorder whose GPU work is always done (the gate's modes, not its timing, are tested)."""
+
+    def record(self):
+        return 1
+
+    def done(self, handle):
+        return True
+
+    def wait(self, handle):
+        pass
+
+    def device_key(self):
+        return DEVICE
+
+
+def test_a_gate_at_lv3_gates_again_once_its_daemon_is_gone(tmp_path, monkeypatch):
+    """The board says Lv3 (the daemon suspends this client), so its gate does not gate; the daemon
+    dies (kill -9: nothing is written): within DAEMON_CHECK_S the gate is back on its Lv1 gate."""
+    from xsched_lv3.gate import DAEMON_CHECK_S, Gate
+    monkeypatch.setenv("XSCHED_LV3_SOCKET", str(tmp_path / "none.sock"))
+    board = Board(tmp_path / "board")
+    fake_daemon = subprocess.Popen(["sleep", "30"])
+    try:
+        hp = board.allocate(os.getpid() + 0, 10, 1, DEVICE)   # another client above (its tid tells it apart)
+        board.set_active(hp, True)
+        board.set_daemon(fake_daemon.pid)
+        lp = Gate(InstantGPU(), priority=0, window_us=500, board=board)
+        board.write(lp.slot, level=3)                         # what the daemon writes once it holds our queues
+        lp.begin_request()
+        lp.end_request()
+        assert lp.level == 3 and not lp.guarded               # Lv3: no per-launch gate
+        fake_daemon.kill()
+        fake_daemon.wait()
+        time.sleep(DAEMON_CHECK_S * 1.5)
+        lp.begin_request()
+        assert lp.level == 1 and lp.guarded                   # gated again, though nothing wrote the board
+        lp.end_request()
+        lp.close()
+    finally:
+        if fake_daemon.poll() is None:
+            fake_daemon.kill()
+        board.close()
+
+
+def test_a_reused_or_stopped_daemon_pid_is_no_daemon(tmp_path):
+    board = Board(tmp_path / "board")
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        board.set_daemon(proc.pid)
+        assert board.daemon_pid() == proc.pid
+        from xsched_lv3.board import DAEMON, DAEMON_OFFSET
+        pid, pad, started = DAEMON.unpack_from(board.mm, DAEMON_OFFSET)
+        DAEMON.pack_into(board.mm, DAEMON_OFFSET, pid, pad, started + 1)   # the pid now names another process
+        assert board.daemon_pid() == 0
+        board.set_daemon(proc.pid)
+        proc.send_signal(signal.SIGSTOP)                                   # Ctrl-Z'd: it holds nothing now
+        wait_for(lambda: board.daemon_pid() == 0, "a stopped daemon to count as none")
+        proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: board.daemon_pid() == proc.pid, "a resumed daemon to count again")
+    finally:
+        proc.kill()
+        proc.wait()
+        board.close()
+
+
+def test_a_process_that_gains_a_second_client_leaves_lv3(tmp_path, monkeypatch):
+    """Its queues are now also another client's (maybe a higher-priority thread of it): the daemon
+    lets go of the process (resumed, debugger gone) and its gates take over."""
+    import xsched_lv3.lv3 as lv3
+    from xsched_lv3.policy import make_policy
+    monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
+    monkeypatch.setenv("KFDTOOL_RUN_DIR", str(tmp_path / "run"))
+    FakeMechanism.calls = []
+
+    class Host:
+        kfd, grace_period = object(), 1
+
+        def level_for(self, pid):
+            return lv3.LV3, "Lv3: fake"
+    board = Board(tmp_path / "board")
+    other, proc = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    try:
+        board.allocate(other.pid, 5, 0, DEVICE)
+        lp = board.allocate(proc.pid, 0, 0, DEVICE)
+        engine = lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)
+        engine.sync(now=10.0)
+        assert board.read_slot(lp).level == 3
+        top = board.allocate(proc.pid, 10, 1234, DEVICE)          # a thread of the same process, on top
+        board.set_active(top, True)
+        engine.sync(now=10.1)
+        assert ("close", proc.pid) in FakeMechanism.calls and ("suspend", proc.pid) not in FakeMechanism.calls
+        assert board.read_slot(lp).level == 1 and "clients in pid" in engine.describe(lp)["why"]
+    finally:
+        for p in (other, proc):
+            p.kill()
+            p.wait()
+        board.close()
+
+
+def test_the_daemon_ignores_ctrl_z(setup):
+    s = setup
+    s.daemon.send_signal(signal.SIGTSTP)
+    time.sleep(0.2)
+    from kfdtool.pids import stopped
+    assert not stopped(s.daemon.pid)
+    assert request({"op": "status"}, s.sock)["ok"]

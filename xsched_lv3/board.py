@@ -22,15 +22,16 @@ from collections import namedtuple
 from contextlib import contextmanager
 from pathlib import Path
 
-from kfdtool.pids import alive
+from kfdtool.pids import alive, process_state, start_time
 
 from .policy import QueueState
 
 MAGIC = b"XSLV3B04"
 SLOTS = 32
-HEADER = struct.Struct("<8sIIQiI")              # magic, slots, policy, generation, daemon pid, reserved
+HEADER = struct.Struct("<8sIIQiIQ")             # magic, slots, policy, generation, daemon: pid, -, start time
 GENERATION_OFFSET = 16
-DAEMON_PID_OFFSET = 24
+DAEMON = struct.Struct("<iIQ")                  # the daemon: pid, padding, start time (a reused pid is not it)
+DAEMON_OFFSET = 24
 # One slot per client. Who writes each field (one writer per field): the client itself (C), or, while
 # one runs, the daemon (D); hints also come from `xsched-lv3 hint` through the daemon.
 SLOT_FIELDS = (
@@ -51,6 +52,7 @@ SLOT_FIELDS = (
     ("held_s", "d"),              # C: seconds held back by its gate, in total
     ("suspended_s", "d"),         # D: seconds suspended, in total
     ("attached", "I"),            # D: registered by `xsched-lv3 attach` (no gate inside: never active)
+    ("reserved", "I"),            # keeps every slot, and so every double in it, 8-byte aligned
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
@@ -59,8 +61,9 @@ FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIE
 FIELD_CODE = dict(SLOT_FIELDS)
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
-                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0)
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, reserved=0)
 SLOTS_OFFSET = HEADER.size
+_PID = struct.Struct("<i")                      # a slot's first field
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
 NAN = float("nan")
 
@@ -126,7 +129,7 @@ class Board:
                         raise BoardUnusable(f"{self.path} is not an xsched_lv3 board")   # never overwrite it
                     if size < SIZE:
                         os.ftruncate(fd, SIZE)
-                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0, 0, 0), 0)
+                        os.pwrite(fd, HEADER.pack(MAGIC, SLOTS, 0, 0, 0, 0, 0), 0)
             self.mm = mmap.mmap(fd, SIZE)
             if self.mm[:8] != MAGIC:
                 self.mm.close()
@@ -202,24 +205,28 @@ class Board:
     # --- the daemon ------------------------------------------------------------------------------
     def set_daemon(self, pid):
         """The daemon serving this board (0: none). Clients read it to know whether Lv3 can be
-        offered and where to send wake-ups; a daemon that died is seen as none."""
-        struct.pack_into("<i", self.mm, DAEMON_PID_OFFSET, pid)
+        offered and where to send wake-ups; a daemon that died, or is stopped, is seen as none."""
+        DAEMON.pack_into(self.mm, DAEMON_OFFSET, pid, 0, (start_time(pid) or 0) if pid else 0)
         self._changed()
 
     def clear_daemon(self, pid):
         """A daemon leaving: forget it, unless another has taken its place meanwhile."""
-        if struct.unpack_from("<i", self.mm, DAEMON_PID_OFFSET)[0] == pid:
+        if DAEMON.unpack_from(self.mm, DAEMON_OFFSET)[0] == pid:
             self.set_daemon(0)
 
     def daemon_pid(self):
-        """The pid of the live daemon serving this board, or 0."""
-        pid = struct.unpack_from("<i", self.mm, DAEMON_PID_OFFSET)[0]
-        return pid if pid > 0 and alive(pid) else 0
+        """The pid of the daemon serving this board if it lives and runs (not stopped), else 0."""
+        pid, _, started = DAEMON.unpack_from(self.mm, DAEMON_OFFSET)
+        if pid <= 0 or start_time(pid) != started or process_state(pid) in ("T", "t", "Z", "X", None):
+            return 0
+        return pid
 
     # --- readers ---------------------------------------------------------------------------------
     def slots(self):
-        """[(index, Slot)] of every occupied slot."""
-        return [(i, s) for i in range(SLOTS) for s in (self.read_slot(i),) if s.pid]
+        """[(index, Slot)] of every occupied slot (an empty one costs one integer read)."""
+        mm, size = self.mm, SLOT.size
+        return [(i, Slot._make(SLOT.unpack_from(mm, SLOTS_OFFSET + i * size)))
+                for i in range(SLOTS) if _PID.unpack_from(mm, SLOTS_OFFSET + i * size)[0]]
 
     def states(self, slots=None):
         """QueueStates of every occupied slot (id = slot index), or of `slots` read before."""

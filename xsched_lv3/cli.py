@@ -150,12 +150,19 @@ def cmd_status(args):
     board = Board()
     board.reap()
     daemon = board.daemon_pid()
+    reply = {}
     if daemon:
-        clients = request({"op": "status"}, args.socket)["clients"]
+        try:
+            reply = request({"op": "status"}, args.socket)
+        except ConnectionError as e:       # not at this socket (--socket?), or not answering
+            print(f"xsched-lv3: daemon pid {daemon}: {e}; showing the board", file=sys.stderr)
+    if "clients" in reply:
+        clients = reply["clients"]
     else:                                  # no daemon: what the board says, every client at Lv1
         clients = [{"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
                     "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "suspended": False,
-                    "level": 1, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)",
+                    "level": s.level, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)" if not daemon
+                    else "the daemon did not answer", "attached": bool(s.attached),
                     "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
     if args.json:
         print(json.dumps({"policy": board.policy(), "daemon": daemon or None, "clients": clients}))

@@ -177,6 +177,8 @@ class Daemon:
         signal.set_wakeup_fd(wake_w)           # a signal wakes select() at once
         for signum in SHUTDOWN_SIGNALS:        # from here on, a signal ends the loop and cleans up
             signal.signal(signum, self._stop)
+        for signum in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+            signal.signal(signum, signal.SIG_IGN)   # Ctrl-Z would stop us holding queues suspended
         try:
             self._bind()
             for _, pid, *_rest in self.board.clients():
@@ -220,6 +222,7 @@ class Daemon:
             self.log(f"internal error in the Lv3 engine; resuming every client:\n{traceback.format_exc()}")
             self.engine.close()
             self.engine.host = Host(_no_kfd, max_level=LV1)
+            self.engine.host.no_kfd = "Lv1: Lv3 stopped after an internal error in the daemon (see its log)"
             self.wake_at = None
 
     def _stop(self, signum, _frame):

@@ -44,6 +44,8 @@ _LOCAL_WRITES = threading.Condition()
 PROCESS_SPIN_S = 2e-3
 REAP_EVERY_S = 0.05                        # held: look for dead clients this often
 REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at most this often
+DAEMON_CHECK_S = 0.05                      # is the daemon (our Lv3) still there? At most this often
+REGISTER_TIMEOUT_S = 0.5                   # a daemon that does not answer: take a slot from the board
 WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
 
 
@@ -92,6 +94,7 @@ class Gate:
         self._watcher = None
         self.level = 1                             # 3 while the daemon preempts us through KFD (no gating)
         self._daemon_wake = None                   # where to poke the daemon when our activity changes
+        self._daemon, self._daemon_checked = 0, -1.0
         self.board.reap()                          # clients that died since: they guard nobody
         tid = 0 if whole_process else threading.get_native_id()
         self.slot = self._register(tid)
@@ -105,7 +108,7 @@ class Gate:
         if self.board.daemon_pid():
             try:
                 reply = daemon_link.request({"op": "register", "priority": self.priority, "tid": tid,
-                                             "hints": self.hints})
+                                             "hints": self.hints}, timeout=REGISTER_TIMEOUT_S)
             except ConnectionError:
                 reply = {}
             if isinstance(reply.get("slot"), int):
@@ -133,8 +136,11 @@ class Gate:
             self.slot = None
             self._set_mode(False, False)
             return
-        daemon = board.daemon_pid()
-        self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if daemon else None
+        if now - self._daemon_checked > DAEMON_CHECK_S:
+            self._daemon_checked = now
+            self._daemon = daemon = board.daemon_pid()
+            self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if daemon else None
+        daemon = self._daemon
         # Lv3: the daemon suspends our queues when we must yield; a dead daemon's word no longer holds
         self.level = 3 if daemon and board.read_slot(self.slot).level == 3 else 1
         mine = me.hints.get("priority", 0)
@@ -184,8 +190,9 @@ class Gate:
         if now - self._last_reap > REAP_IDLE_EVERY_S:
             self._last_reap = now
             self.board.reap()                      # a dead client must not keep us guarded
-        if self.seen_generation != self.board_generation[0]:
-            self._refresh(now)
+        if self.seen_generation != self.board_generation[0] or (
+                self.level == 3 and now - self._daemon_checked > DAEMON_CHECK_S):
+            self._refresh(now)                     # ... or our Lv3 daemon may have died: gate again
         if self.tracking and self.device:          # no GPU in use yet: nothing to wait for
             with self._lock:
                 self._open += 1

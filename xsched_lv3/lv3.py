@@ -7,8 +7,9 @@ the lower clients' in-flight work to drain (what Lv1 must wait for).
 
 The daemon takes the debugger role on a client (DBG_TRAP ENABLE inside a short PTRACE_SEIZE window,
 as `kfdtool preempt` does) once a higher-priority client shares its GPU and its GPU is in use (before
-that it has no KFD process). Its queues come from GET_QUEUE_SNAPSHOT, taken again before each suspend,
-which also clears EC_QUEUE_NEW, so queues created later are picked up. Each client's level and the
+that it has no KFD process). Its queues come from GET_QUEUE_SNAPSHOT, which also clears EC_QUEUE_NEW:
+taken before the first suspend and again after each resume (off the hot path), so a queue created
+later is suspended from the next time on (not while a higher client stays active throughout). Each client's level and the
 reason are chosen here and shown by `xsched-lv3 status`; where Lv3 is not possible the client keeps
 its Lv1 gate.
 
@@ -24,7 +25,8 @@ the high-priority client's included, so each one stalls everybody for a remap. H
   * the grace period (waves allowed to finish before the save) is the shortest the hardware honours:
     see `grace_period_for`.
 Nothing stays suspended: a client's queues are resumed when it no longer must yield, when it exits
-(pidfd), when the daemon stops, and, if the daemon is killed (even by kill -9), by the kernel's
+(pidfd), when the daemon stops (it ignores Ctrl-Z: a stopped daemon would hold them), and, if the
+daemon is killed (even by kill -9), by the kernel's
 debugger-exit path (kfd_process.c: kfd_process_notifier_release_internal -> kfd_dbg_trap_disable of
 every process it debugged), which resumes every queue it suspended.
 """
@@ -176,6 +178,10 @@ class Lv3Engine:
         to_suspend, to_resume = [], []
         for q in states:
             c = self.clients[q.id]
+            if c.mech is not None and per_pid[q.pid] > 1:
+                # another client appeared in its process: its queues are theirs too (one of them may
+                # be a higher-priority thread), so the process goes back to its gates
+                self._lost(c, f"one of {per_pid[q.pid]} clients in pid {q.pid} (KFD queues belong to the process)")
             must_yield = q.id not in run
             above = any(o.hints.get("priority", 0) > q.hints.get("priority", 0) and shares_device(o.device, q.device)
                         for o in states if o.id != q.id) or not self.policy.strict_priority
@@ -250,7 +256,8 @@ class Lv3Engine:
                 return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
             return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
         c.level, c.why = LV3, why
-        self.board.write(c.slot, level=LV3)          # announced: its gate stops gating
+        if self.board.read_slot(c.slot).pid == c.pid:
+            self.board.write(c.slot, level=LV3)      # announced: its gate stops gating
         self.log(f"pid {c.pid}: {why}")
 
     def _stay_lv1(self, c, why, final=True, now=0.0):
@@ -312,8 +319,6 @@ class Lv3Engine:
         self.log(f"pid {c.pid}: {why}; back to Lv1")
         self._release(c)
         c.level, c.why, c.retry_at = LV1, f"Lv1: {why}", time.monotonic() + RETRY_ATTACH_S
-        if self.board.read_slot(c.slot).pid == c.pid:
-            self.board.write(c.slot, level=LV1)
 
     def _release(self, c):
         mech, c.mech = c.mech, None
@@ -326,12 +331,18 @@ class Lv3Engine:
         if c.hold is not None:
             c.hold.__exit__(None, None, None)
             c.hold = None
+        if self.board.read_slot(c.slot).pid == c.pid:
+            self.board.write(c.slot, level=LV1)      # announced: its gate gates again
 
     def _trace(self, what, c, started, queues=()):
         if self.trace is not None:
-            self.trace.write(f"{started:.6f} {what} pid {c.pid} took {(time.monotonic() - started) * 1e6:.0f} us"
-                             + (f" queues {list(queues)}" if queues else "") + "\n")
-            self.trace.flush()
+            try:
+                self.trace.write(f"{started:.6f} {what} pid {c.pid} took {(time.monotonic() - started) * 1e6:.0f} us"
+                                 + (f" queues {list(queues)}" if queues else "") + "\n")
+                self.trace.flush()
+            except OSError as e:            # a full disk must not stop the scheduling: stop tracing
+                self.log(f"--trace: {e.strerror or e}; tracing stopped")
+                self.trace = None
 
     def forget(self, slot):
         c = self.clients.pop(slot, None)
