@@ -101,6 +101,7 @@ MALFORMED = [
     (b'{"op": "register", "hints": [1, 2]}', "hints must be an object"),
     (b'{"op": "register", "hints": {"utilization": 1e999}}', "must be a finite number"),
     (b'{"op": "register", "hints": {"nice": 5}}', "unknown hint"),
+    (b'{"op": "register", "hints": {"priority": 5}}', "not among the hints"),
     (b'{"op": "register", "tid": -1}', "tid must be a thread id"),
     (b'{"op": "register", "tid": true}', "tid must be a thread id"),
     (b'{"op": "register", "tid": 1e99}', "tid must be a thread id"),

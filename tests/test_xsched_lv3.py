@@ -418,3 +418,14 @@ def test_the_daemon_ignores_ctrl_z(setup):
     from kfdtool.pids import stopped
     assert not stopped(s.daemon.pid)
     assert request({"op": "status"}, s.sock)["ok"]
+
+
+def test_a_slot_taken_by_a_new_client_is_not_released_for_its_old_owner(tmp_path):
+    """A reaper (a gate, the daemon's pidfd) saw pid A dead in slot 0; meanwhile slot 0 went to B.
+    Releasing "slot 0 of A" must leave B's slot alone (B would otherwise run unscheduled)."""
+    board = Board(tmp_path / "board")
+    slot = board.allocate(os.getpid(), 3)
+    assert not board.release(slot, pid=os.getpid() + 1_000_000)       # not its owner any more
+    assert board.read_slot(slot).pid == os.getpid()
+    assert board.release(slot, pid=os.getpid()) and board.read_slot(slot).pid == 0
+    board.close()

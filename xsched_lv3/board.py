@@ -158,9 +158,15 @@ class Board:
                     return i
         raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
 
-    def release(self, slot):
-        SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, *EMPTY_SLOT)
+    def release(self, slot, pid=None):
+        """Empty `slot`; with `pid`, only while that process still owns it (under the allocation
+        lock: a slot freed and taken by a new client meanwhile is left to it)."""
+        with _flock(self.fd):
+            if pid is not None and _PID.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size)[0] != pid:
+                return False
+            SLOT.pack_into(self.mm, SLOTS_OFFSET + slot * SLOT.size, *EMPTY_SLOT)
         self._changed()
+        return True
 
     def read_slot(self, slot):
         return Slot._make(SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size))
@@ -251,8 +257,7 @@ class Board:
         """Release slots of processes that died (their queues are gone with them)."""
         dead = []
         for slot, s in self.slots():
-            if not alive(s.pid):
-                self.release(slot)
+            if not alive(s.pid) and self.release(slot, s.pid):
                 dead.append(s.pid)
         return dead
 

@@ -259,7 +259,7 @@ class Daemon:
         self.engine.close()                # every suspended queue resumed, every target released
         for slot, s in self.board.slots():
             if s.attached:                 # nothing inside an attached process would ever release it
-                self.board.release(slot)
+                self.board.release(slot, s.pid)
         self.host.close()
         self.board.clear_daemon(os.getpid())
         if self.wake is not None:
@@ -414,6 +414,8 @@ class Daemon:
             if not isinstance(hints, dict):
                 raise ValueError("hints must be an object, e.g. {\"utilization\": 25}")
             hints = {name: check_hint(name, value) for name, value in hints.items()}
+            if "priority" in hints:
+                raise ValueError('give the priority as "priority", not among the hints')
             tid = msg.get("tid", 0)
             if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid <= PID_MAX:
                 raise ValueError(f"tid must be a thread id or 0 (the whole process), got {short_repr(tid)}")
@@ -422,8 +424,7 @@ class Daemon:
             except RuntimeError as e:          # the board is full
                 return {"error": str(e)}
             for name, value in hints.items():
-                if name != "priority":
-                    self.board.set_hint(slot, name, value)
+                self.board.set_hint(slot, name, value)
             self._watch_pid(peer_pid)
             return {"ok": True, "slot": slot}
         if op == "attach":
@@ -436,7 +437,7 @@ class Daemon:
             if not slots:
                 return {"error": f"pid {target} is not attached (a process under `xsched-lv3 run` leaves when it exits)"}
             for slot in slots:
-                self.board.release(slot)
+                self.board.release(slot, target)
             self._schedule()                   # forgets it: whatever is suspended is resumed, the debugger leaves
             return {"ok": True}
         if op == "status":
@@ -492,7 +493,7 @@ class Daemon:
         level, why = self.engine.attach_now(slot, target)
         if level < LV3:
             self.engine.forget(slot)
-            self.board.release(slot)
+            self.board.release(slot, target)
             return {"error": f"cannot attach pid {target}: {why.removeprefix('Lv1: ')}; a process without "
                              f"`xsched-lv3 run` can only be preempted at Lv3"}
         self._watch_pid(target)
@@ -506,9 +507,9 @@ class Daemon:
 
     def _on_exit(self, pid):
         self.exits.exited(pid)
-        for slot, owner, *_ in self.board.clients():
-            if owner == pid:
-                self.board.release(slot)
+        for slot, s in self.board.slots():
+            if s.pid == pid:
+                self.board.release(slot, pid)
 
 
 def _private_directory(path):
@@ -562,9 +563,10 @@ def _unlink_socket(path):
         pass
 
 
-def _drain_datagrams(sock):
+def _drain_datagrams(sock, most=64):
+    """Take the pokes waiting (at most `most`: a flood of them must not keep us from scheduling)."""
     try:
-        while True:
+        for _ in range(most):
             sock.recv(64)
     except OSError:                    # BlockingIOError: all read
         pass

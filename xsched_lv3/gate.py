@@ -329,7 +329,7 @@ class Gate:
                 self._mark(False)
             slot, self.slot = self.slot, None
         if slot is not None:
-            self.board.release(slot)
+            self.board.release(slot, self._pid)
             with _LOCAL_WRITES:
                 _LOCAL_WRITES.notify_all()
         with self._watch_cv:
