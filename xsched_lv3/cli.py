@@ -162,7 +162,7 @@ def cmd_status(args):
     else:                                  # no daemon: what the board says, every client at Lv1
         clients = [{"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
                     "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "suspended": False,
-                    "level": s.level, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)" if not daemon
+                    "level": s.level if daemon else 1, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)" if not daemon
                     else "the daemon did not answer", "attached": bool(s.attached),
                     "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
     if args.json:
