@@ -429,3 +429,37 @@ def test_a_slot_taken_by_a_new_client_is_not_released_for_its_old_owner(tmp_path
     assert board.read_slot(slot).pid == os.getpid()
     assert board.release(slot, pid=os.getpid()) and board.read_slot(slot).pid == 0
     board.close()
+
+
+def test_an_attached_hp_is_seen_busy_from_its_queue_pointers(setup, tmp_path):
+    """Neither process has a scheduler inside: the HP is a plain simulated GPU program. The daemon
+    reads its queues' read and write pointers; while it has packets outstanding, the attached LP is
+    suspended, and it runs again once they are retired."""
+    s = setup
+    env = dict(os.environ)
+    hp = subprocess.Popen([sys.executable, "-c", """
+import sys, time
+from kfdtool.sim.hip import SimHip, SimModel
+hip = SimHip("mi308x"); s = hip.stream()
+model = SimModel(hip, [(20000.0, 64)] * 10)            # 200 ms of work, launched at once
+hip.synchronize(model(s))                              # warm: queue created
+print("ready", flush=True); sys.stdin.readline()
+t0 = time.monotonic(); hip.synchronize(model(s)); print(time.monotonic() - t0, flush=True)
+sys.stdin.readline()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert hp.stdout.readline().strip() == "ready"
+        gpu = s.queues(s.lp)[0]["gpu_id"]
+        assert xsched("attach", "--pid", str(s.lp.pid), "--priority", "0", "--device", str(gpu)).returncode == 0
+        out = xsched("attach", "--pid", str(hp.pid), "--priority", "10", "--device", str(gpu))
+        assert out.returncode == 0, out.stderr
+        time.sleep(0.1)
+        assert s.lp_running()                                  # the HP is idle: nothing outstanding
+        hp.stdin.write("go\n")
+        hp.stdin.flush()
+        wait_for(s.lp_suspended, "the LP to be suspended while the attached HP has work", timeout=2)
+        assert float(hp.stdout.readline()) >= 0.19             # the HP's 200 ms of work ran
+        wait_for(s.lp_running, "the LP to run again once the HP's packets are retired", timeout=2)
+    finally:
+        hp.kill()
+        hp.wait()

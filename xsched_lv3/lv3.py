@@ -47,6 +47,11 @@ from .policy import shares_device
 
 LV1, LV3 = 1, 3
 RETRY_ATTACH_S = 0.5           # a client whose GPU is not yet a KFD process: ask again this often
+# An attached process has no gate to say when it is busy: the daemon reads its queues' read and
+# write pointers this often, while it has a lower-priority client to preempt. The detection delay is
+# up to this plus the reads (scripts/bench_attach_detect.py measures both, and the CPU it costs).
+ATTACHED_POLL_S = 1e-3
+SNAPSHOT_EVERY_S = 1.0         # ... and takes its queue list again this often (queues created later)
 # A mean wave life under which waiting (the grace period) would beat saving: ML kernels' waves live
 # tens of µs to ms. ESTIMATE, used only to pick the grace period (see grace_period_for).
 WAVE_LIFE_S = 1e-3
@@ -141,6 +146,7 @@ class Client:
     suspended_s: float = 0.0
     hold: Hold | None = None               # the record `kfdtool queues` reads
     queues: tuple = ()
+    snapshot_at: float = float("-inf")     # an attached process's queue list was read then
 
 
 class Lv3Engine:
@@ -161,6 +167,10 @@ class Lv3Engine:
         slots = dict(snapshot)
         for slot in [s for s in self.clients if s not in slots or slots[s].pid != self.clients[s].pid]:
             self.forget(slot)
+        poll_at = self._poll_attached(slots, now)
+        if poll_at is not None:            # activity of attached processes may have changed the board
+            snapshot = board.slots()
+            slots = dict(snapshot)
         per_pid = {}
         for slot, s in slots.items():
             per_pid[s.pid] = per_pid.get(s.pid, 0) + 1
@@ -202,6 +212,8 @@ class Lv3Engine:
                     to_resume.append(c)
                 else:
                     wake_at = c.release_at if wake_at is None else min(wake_at, c.release_at)
+        if poll_at is not None:
+            wake_at = poll_at if wake_at is None else min(wake_at, poll_at)
         # Suspends first and back to back: a higher-priority client is waiting on them. Everything
         # nobody waits on (records, the queue list's refresh) comes after.
         suspended = [c for c in to_suspend if self._suspend(c, now)]
@@ -215,6 +227,30 @@ class Lv3Engine:
             except Error as e:
                 self._lost(c, f"queue snapshot failed ({e})")
         return wake_at
+
+    def _poll_attached(self, slots, now):
+        """Mark each attached process that could preempt someone active or idle from its queues'
+        pointers (the daemon writes `active` for attached slots: nothing inside them does). Returns
+        when to look again, or None when no attached process is above anyone."""
+        poll_at = None
+        for slot, s in slots.items():
+            c = self.clients.get(slot)
+            if not s.attached or c is None or c.mech is None or c.pid != s.pid:
+                continue
+            if not any(o.priority < s.priority and shares_device(o.device, s.device)
+                       for i, o in slots.items() if i != slot):
+                continue
+            try:
+                if now - c.snapshot_at > SNAPSHOT_EVERY_S:
+                    c.mech.queues()        # its queues (new ones too) and their pointers' addresses
+                    c.snapshot_at = now
+                busy = bool(c.mech.has_work())
+            except Error:
+                busy = False
+            if busy != bool(s.active):
+                self.board.set_active(slot, busy)
+            poll_at = now + ATTACHED_POLL_S
+        return poll_at
 
     # --- attach -------------------------------------------------------------------------------------
     def attach_now(self, slot, pid, now=None):

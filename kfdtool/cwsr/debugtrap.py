@@ -96,6 +96,24 @@ class DebugTrapSuspend(Mechanism):
         snapshot on the hot path."""
         return list(self._entries)
 
+    def has_work(self):
+        """True if a compute queue of the last snapshot has AQL packets written and not yet retired
+        (its write and read dispatch ids differ), read from the target's memory as its debugger
+        may; None where no pointer could be read. How the activity of a process with no scheduler
+        inside is seen from outside."""
+        seen = None
+        for entry in self._entries.values():
+            if entry.queue_type not in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
+                continue
+            written = self.kfd.read_memory(self.pid, entry.write_pointer_address, 8)
+            retired = self.kfd.read_memory(self.pid, entry.read_pointer_address, 8)
+            if written is None or retired is None:
+                continue
+            if written != retired:
+                return True
+            seen = False
+        return seen
+
     def mes_gpus(self):
         """gpu_ids of the target's devices that MES schedules, from the kernel's device snapshot
         (gfx_target_version per device)."""

@@ -148,6 +148,15 @@ class SimBackend:
             self._channels.append(channel)
         return channel
 
+    def _control(self):
+        """This thread's control channel, kept open (a debugger reads memory often: polling)."""
+        control = getattr(self._local, "control", None)
+        if control is None or self._local.control_pid != os.getpid():     # none yet, or a forked child
+            control = self._local.control = SimControl(self.socket_path)
+            self._local.control_pid = os.getpid()
+            self._channels.append(control)
+        return control
+
     def close(self):
         for channel in self._channels:
             channel.close()
@@ -209,8 +218,8 @@ class SimBackend:
         kernel wrote into `pid`'s GPU buffers, e.g. the CWSR header after a suspend; None where
         nothing readable is there."""
         try:
-            with SimControl(self.socket_path) as ctl:
-                data = ctl("read_memory", pid=pid, addr=addr, length=length)["data"]
+            data = self._control()("read_memory", pid=pid, addr=addr, length=length)["data"]
         except SimulatorError:
+            self._local.control = None        # a broken channel: a new one next time
             return None
         return bytes.fromhex(data) if data else None

@@ -643,9 +643,17 @@ class SimServer:
         return {"queues": out}
 
     def ctl_read_memory(self, conn, msg):
-        """Stand-in for /proc/<pid>/mem on GPU-visible buffers: what the kernel wrote there."""
+        """Stand-in for /proc/<pid>/mem on GPU-visible buffers: what the kernel wrote there, and a
+        queue's AQL dispatch ids: at its write pointer the packets the process has written (as
+        dispatched through its doorbell), at its read pointer those the CP has retired (the
+        simulated GPU's completions, caught up to now), each a little-endian u64 as in HSA's
+        amd_queue_t."""
         proc = self._proc(msg)
         addr, length = int(msg["addr"]), int(msg["length"])
+        for q in proc.queues.values():
+            if addr in (q.wptr, q.rptr) and q.wptr != q.rptr and length <= 8:
+                value = q.dispatched if addr == q.wptr else self.execution.completed(q, time.monotonic_ns())
+                return {"data": value.to_bytes(8, "little")[:length].hex()}
         for bo in proc.bos.values():
             if bo.contains(addr):
                 data = bo.contents.get(addr - bo.va)
