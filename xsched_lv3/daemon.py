@@ -139,7 +139,8 @@ def _identity(st):
 
 
 class Daemon:
-    def __init__(self, policy="hpf", socket_path=None, board_path=None, host=None, trace=None):
+    def __init__(self, policy="hpf", socket_path=None, board_path=None, host=None, trace=None,
+                 attached_poll_s=None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.socket_path = socket_path or default_socket()
@@ -154,7 +155,8 @@ class Daemon:
         self.board.set_policy(policy)
         # Lv3: without a host (tests of the protocol alone) every client keeps its Lv1 gate
         self.host = host or Host(_no_kfd, max_level=LV1)
-        self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self._log, trace=trace)
+        self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self._log, trace=trace,
+                                **({"attached_poll_s": attached_poll_s} if attached_poll_s else {}))
         self.wake = None                   # datagram socket clients poke when their activity changes
         self.wake_at = None                # the engine wants to run again then (a pending resume)
         self.sel = selectors.DefaultSelector()

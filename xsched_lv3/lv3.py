@@ -150,8 +150,9 @@ class Client:
 
 
 class Lv3Engine:
-    def __init__(self, board, host, policy, log=print, trace=None):
+    def __init__(self, board, host, policy, log=print, trace=None, attached_poll_s=ATTACHED_POLL_S):
         self.board, self.host, self.policy, self.log = board, host, policy, log
+        self.attached_poll_s = attached_poll_s
         self.trace = trace                 # a file: one line per suspend/resume (`daemon --trace`)
         self.clients = {}                  # slot -> Client
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
@@ -249,7 +250,7 @@ class Lv3Engine:
                 busy = False
             if busy != bool(s.active):
                 self.board.set_active(slot, busy)
-            poll_at = now + ATTACHED_POLL_S
+            poll_at = now + self.attached_poll_s
         return poll_at
 
     # --- attach -------------------------------------------------------------------------------------
