@@ -463,3 +463,42 @@ sys.stdin.readline()
     finally:
         hp.kill()
         hp.wait()
+
+
+def test_attached_processes_never_stay_suspended(setup):
+    """kill -9 of the attached HP, of the attached LP while suspended, and of the daemon: nothing
+    stays suspended, the daemon survives its clients, and the slots go."""
+    s = setup
+    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
+    assert xsched("attach", "--pid", str(s.hp.pid), "--priority", "10").returncode == 0
+    hp_slot = next(i for i, x in s.board.slots() if x.pid == s.hp.pid)
+    s.set_active(hp_slot, True)      # stands in for its pointers (the workload process never dispatches)
+    wait_for(s.lp_suspended, "suspend")
+    s.hp.kill()                                        # the HP dies busy
+    s.hp.wait()
+    wait_for(s.lp_running, "resume after the attached HP died")
+    wait_for(lambda: all(x.pid != s.hp.pid for _, x in s.board.slots()), "the dead HP's slot to go")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        other = s.client(sleeper, 10)
+        s.set_active(other, True)
+        wait_for(s.lp_suspended, "suspend again")
+        s.daemon.send_signal(signal.SIGKILL)
+        s.daemon.wait()
+        wait_for(s.lp_running, "the kernel to resume the attached LP of a killed daemon")
+        assert all(q["debugger"] is None for q in s.queues(s.lp))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_attached_lp_killed_while_suspended_costs_the_daemon_nothing(setup):
+    s = setup
+    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
+    hp = s.client(s.hp, 10)
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    s.lp.kill()
+    s.lp.wait()
+    wait_for(lambda: all(x.pid != s.lp.pid for _, x in s.board.slots()), "the dead LP's slot to go")
+    assert request({"op": "status"}, s.sock)["ok"] and s.daemon.poll() is None
