@@ -11,6 +11,8 @@ runtime, no scheduler imports) run kernels on one simulated GPU: a latency-criti
                        no daemon: the batch jobs' gates hold their launches (progressive window)
   lv3                  the same commands with `xsched-lv3 daemon --sim NAME` running: the daemon
                        suspends the batch jobs' KFD queues (DBG_TRAP, CWSR) while the service is busy
+  lv3-attached         the service under `xsched-lv3 run`, the batch jobs started plainly and then
+                       `xsched-lv3 attach --pid P` (no scheduler inside them): should match lv3
 
 What is simulated (kfdtool/sim): kernels' GPU time and how kernels of several queues share a GPU
 (ESTIMATE: side by side while their waves fit, shared beyond), DBG_TRAP suspend/resume with the
@@ -43,7 +45,7 @@ JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
 # iteration (20 kernels of 1 ms, each filling the GPU): the shapes, not tuned values, matter here.
 SERVE = ["--kernels", "20", "--kernel-us", "100", "--occupancy", "0.25", "--rate", "20"]
 BATCH = ["--kernels", "20", "--occupancy", "1.0"]     # kernel length: --lp-kernel-us (Lv1 waits for it)
-VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3")
+VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3", "lv3-attached")
 
 
 def commands(variant, machine, lps, seconds, lp_kernel_us):
@@ -56,7 +58,18 @@ def commands(variant, machine, lps, seconds, lp_kernel_us):
         return [lp] * lps
     if variant == "native":
         return [hp] + [lp] * lps
+    if variant == "lv3-attached":
+        return [xsched_run(hp, priority=10)] + [lp] * lps
     return [xsched_run(hp, priority=10)] + [xsched_run(lp)] * lps
+
+
+def attach_batch_jobs(pids):
+    """lv3-attached: every program but the first (the service) is attached at priority 0."""
+    for pid in pids[1:]:
+        out = subprocess.run([PY, "-m", "xsched_lv3", "attach", "--pid", str(pid), "--priority", "0"],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"attach of pid {pid} failed: {out.stderr.strip()}")
 
 
 class Daemon:
@@ -103,11 +116,12 @@ def measure(args, doc):
         try:
             for lps in args.lps:
                 for variant in VARIANTS:
-                    daemon = Daemon(machine, env) if variant == "lv3" else None
+                    daemon = Daemon(machine, env) if variant.startswith("lv3") else None
                     t = time.monotonic()
                     try:
                         outputs = run_together(commands(variant, machine, lps, args.seconds, args.lp_kernel_us),
-                                               args.seconds + 120)
+                                               args.seconds + 120,
+                                               when_ready=attach_batch_jobs if variant == "lv3-attached" else None)
                     finally:
                         log = daemon.stop() if daemon else ""
                     row = {"machine": machine, "lps": lps, "lp_kernel_us": args.lp_kernel_us, "variant": variant,
@@ -149,7 +163,7 @@ def ratios(doc):
             key = f"{machine}/{lps}/{rows['lp-alone'].get('lp_kernel_us', 1000.0):g}"
             out[key] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
                                            "lp_share": rows[v]["lp_iters_per_s"] / lp}
-                                       for v in ("native", "lv1", "lv3") if v in rows}
+                                       for v in ("native", "lv1", "lv3", "lv3-attached") if v in rows}
             out[key]["hp_alone_p99_ms"] = hp
     return out
 

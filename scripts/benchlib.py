@@ -109,11 +109,12 @@ def xsched_run(argv, priority=None, window_us=None):
     return cmd + ["--"] + argv
 
 
-def run_together(commands, timeout_s, checkout=REPO):
+def run_together(commands, timeout_s, checkout=REPO, when_ready=None):
     """Start every command, wait until each says READY, give all the same start time, and return
     what each printed last (a JSON object), in order, with the scheduler's account of that process
     under "gate" where it wrote one (XSCHED_LV3_REPORT). `checkout`: whose xsched_lv3
-    `-m xsched_lv3` runs."""
+    `-m xsched_lv3` runs. `when_ready(pids)`: called once all are ready, before the start (e.g.
+    `xsched-lv3 attach` of some of them)."""
     env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     reports = tempfile.mkdtemp(prefix="xsched-report-")
@@ -125,6 +126,8 @@ def run_together(commands, timeout_s, checkout=REPO):
             line = p.stdout.readline()
             if line.strip() != "READY":
                 raise RuntimeError(f"{' '.join(c)} did not start: {line!r} {p.stderr.read()[-2000:]}")
+        if when_ready is not None:
+            when_ready([p.pid for p in procs])
         start_at = time.monotonic() + 0.5
         for p in procs:
             p.stdin.write(f"{start_at}\n")
