@@ -21,6 +21,10 @@ def pytest_configure(config):
     # Every simulator started from this run (runner.start, `kfdtool sim start`, the server
     # fixtures) stops when this process exits: a run that is killed leaves no server behind.
     os.environ["KFDTOOL_SIM_EXIT_WITH"] = str(os.getpid())
+    # Hold records of the preemptions tests make go to a directory of this run, never to the
+    # user's (or, as root, the system's /run/kfdtool), where `kfdtool queues` would read them.
+    import tempfile
+    os.environ["KFDTOOL_RUN_DIR"] = tempfile.mkdtemp(prefix="kfdtool-test-run-")
 
 
 @pytest.fixture(autouse=True)

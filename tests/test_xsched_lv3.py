@@ -291,7 +291,8 @@ def test_attach_is_refused_where_lv3_cannot_reach_the_process(setup):
         sleeper.kill()
         sleeper.wait()
     for bad, needle in ((["--pid", "0"], "pid must be"), (["--pid", "999999999"], "pid must be"),
-                        (["--pid", "1"], "permission denied"), (["--pid", str(s.lp.pid), "--device", "-3"], "device")):
+                        (["--pid", "1"], "permission denied"), (["--pid", str(s.lp.pid), "--device", "-3"], "device"),
+                        (["--pid", str(s.lp.pid), "--device", "99999"], "is not a gpu_id of this host")):
         out = xsched("attach", *bad)
         if os.geteuid() == 0 and bad == ["--pid", "1"]:
             assert out.returncode == 1 and "cannot attach" in out.stderr     # root may, but init has no KFD

@@ -175,7 +175,7 @@ def cmd_status(args):
         print(json.dumps({"policy": board.policy(), "daemon": daemon or None, "clients": clients}))
         return 0
     if not clients:
-        print("no scheduled clients")
+        print("no scheduled clients" + ("" if daemon else " (and no daemon running)"))
         return 0
     print(f"policy: {board.policy() or 'per client'}; daemon: {f'pid {daemon}' if daemon else 'none'}")
     print(f"{'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} {'LEVEL':>5} {'STATE':<9} {'SUSPENDS':>8} "

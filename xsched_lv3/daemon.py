@@ -481,6 +481,10 @@ class Daemon:
         if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu < 1 << 32):
             raise ValueError(f"device must be a KFD gpu_id (a positive integer, see `kfdtool topology`), "
                              f"got {short_repr(gpu)}")
+        known = [g.gpu_id for g in getattr(self.engine.host, "gpus", ())]
+        if gpu is not None and known and gpu not in known:
+            return {"error": f"device {gpu} is not a gpu_id of this host ({', '.join(map(str, known[:8]))}"
+                             f"{', ...' if len(known) > 8 else ''}; see `kfdtool topology`)"}
         if not may_change(peer_uid, target):
             return {"error": f"permission denied: only root or the owner of pid {target} may attach it"}
         if not alive(target):
