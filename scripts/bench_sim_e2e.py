@@ -115,7 +115,7 @@ def measure(args, doc):
         runner.start(machine)
         try:
             for lps in args.lps:
-                for variant in VARIANTS:
+                for variant in args.variants:
                     daemon = Daemon(machine, env) if variant.startswith("lv3") else None
                     t = time.monotonic()
                     try:
@@ -204,6 +204,8 @@ def main():
     p.add_argument("--lp-kernel-us", type=float, default=1000.0,
                    help="the batch jobs' kernel length (each fills the GPU): what an HP waits for at Lv1")
     p.add_argument("--seconds", type=float, default=26.0, help="per variant (26 s at 20 req/s: 501 requests)")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="which variants to run (hp-alone and lp-alone are the baselines of the ratios)")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out")
     p.add_argument("--table", nargs="+", metavar="RESULTS")
