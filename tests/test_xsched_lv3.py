@@ -503,3 +503,32 @@ def test_an_attached_lp_killed_while_suspended_costs_the_daemon_nothing(setup):
     s.lp.wait()
     wait_for(lambda: all(x.pid != s.lp.pid for _, x in s.board.slots()), "the dead LP's slot to go")
     assert request({"op": "status"}, s.sock)["ok"] and s.daemon.poll() is None
+
+
+def test_an_attached_hp_killed_while_busy_releases_the_attached_lp(setup):
+    s = setup
+    hp = subprocess.Popen([sys.executable, "-c", """
+import sys
+from kfdtool.sim.hip import SimHip, SimModel
+hip = SimHip("mi308x"); s = hip.stream()
+hip.synchronize(SimModel(hip, [(100.0, 64)])(s))
+print("ready", flush=True); sys.stdin.readline()
+SimModel(hip, [(1_000_000.0, 64)])(s); hip.flush()     # 1 s of work outstanding
+print("launched", flush=True); sys.stdin.readline()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hp.stdout.readline().strip() == "ready"
+        assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
+        assert xsched("attach", "--pid", str(hp.pid), "--priority", "10").returncode == 0
+        hp.stdin.write("go\n")
+        hp.stdin.flush()
+        assert hp.stdout.readline().strip() == "launched"
+        wait_for(s.lp_suspended, "the attached HP's outstanding work to suspend the LP")
+        hp.kill()                                         # dies with its work outstanding
+        hp.wait()
+        wait_for(s.lp_running, "the LP to run once the busy attached HP is gone")
+        wait_for(lambda: all(x.pid != hp.pid for _, x in s.board.slots()), "the dead HP's slot to go")
+    finally:
+        if hp.poll() is None:
+            hp.kill()
+            hp.wait()
