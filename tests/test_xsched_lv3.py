@@ -79,6 +79,15 @@ class Setup:
         poke(wake_path(self.sock))
         return slot
 
+    def hp_holds_lp(self):
+        """Both processes as `run` clients (HP 10, LP 0), the LP at Lv3, the HP in a request: the LP's
+        queues suspended. Returns their slots."""
+        hp, lp = self.client(self.hp, 10), self.client(self.lp, 0)
+        wait_for(lambda: self.board.read_slot(lp).level == 3, "Lv3", why=lambda: self.status(self.lp)["why"])
+        self.set_active(hp, True)
+        wait_for(self.lp_suspended, "suspend")
+        return hp, lp
+
     def set_active(self, slot, active):
         self.board.set_active(slot, active)
         poke(wake_path(self.sock))
@@ -115,10 +124,7 @@ def test_lv3_suspends_the_lower_client_while_the_higher_one_is_active(setup):
 
 def test_daemon_killed_with_sigkill_leaves_nothing_suspended(setup):
     s = setup
-    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
-    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    hp, lp = s.hp_holds_lp()
     s.daemon.send_signal(signal.SIGKILL)
     s.daemon.wait()
     # the kernel's debugger-exit path resumes what the dead debugger suspended
@@ -129,10 +135,7 @@ def test_daemon_killed_with_sigkill_leaves_nothing_suspended(setup):
 
 def test_hp_that_exits_or_stops_while_active_releases_the_lp(setup):
     s = setup
-    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
-    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    hp, lp = s.hp_holds_lp()
     s.hp.send_signal(signal.SIGSTOP)                  # stopped mid-request: it holds nobody
     try:
         wait_for(s.lp_running, "a stopped HP's hold to be excused", timeout=2)
@@ -149,10 +152,7 @@ def test_hp_that_exits_or_stops_while_active_releases_the_lp(setup):
 
 def test_lp_that_exits_while_suspended_and_daemon_stop_resume_everything(setup):
     s = setup
-    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
-    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    hp, lp = s.hp_holds_lp()
     s.daemon.send_signal(signal.SIGTERM)              # a clean stop resumes before it exits
     _, err = s.daemon.communicate(timeout=10)
     assert s.daemon.returncode == 0 and "Traceback" not in err, err
@@ -163,10 +163,7 @@ def test_lp_that_exits_while_suspended_and_daemon_stop_resume_everything(setup):
 
 def test_status_cli_shows_level_state_and_why(setup):
     s = setup
-    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
-    wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(s.lp)["why"])
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    hp, lp = s.hp_holds_lp()
     out = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--json"], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, out.stderr
@@ -204,9 +201,10 @@ class FakeMechanism:
         FakeMechanism.calls.append(("close", self.pid))
 
 
-def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(tmp_path, monkeypatch):
-    """After the HP goes idle, the LP stays suspended for as long as its last suspend + resume took;
-    an HP back within that time costs no switch, one back later gets a resume and a new suspend."""
+@pytest.fixture
+def fake_engine(tmp_path, monkeypatch):
+    """An Lv3Engine over a private board whose mechanism is FakeMechanism (calls recorded), and
+    two live processes to put on the board; yields (board, make_engine, proc_a, proc_b)."""
     import xsched_lv3.lv3 as lv3
     from xsched_lv3.policy import make_policy
     monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
@@ -219,35 +217,40 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(tmp_
         def level_for(self, pid):
             return lv3.LV3, "Lv3: fake"
     board = Board(tmp_path / "board")
-    hp_proc, lp_proc = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
-    try:
-        hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
-        lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
-        engine = lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)
-        engine.sync(now=100.0)
-        assert board.read_slot(lp).level == 3 and FakeMechanism.calls == []     # attached, not suspended
-        board.set_active(hp, True)
-        engine.sync(now=100.001)
-        assert FakeMechanism.calls == [("suspend", lp_proc.pid)]
-        switch_s = engine.clients[lp].switch_s
-        assert switch_s >= 0.002
-        board.set_active(hp, False)
-        wake_at = engine.sync(now=100.010)                 # idle: resume is put off by the switch cost
-        assert wake_at == pytest.approx(100.010 + switch_s) and len(FakeMechanism.calls) == 1
-        board.set_active(hp, True)                        # back within it: still suspended, no calls
-        engine.sync(now=100.010 + switch_s / 2)
-        assert len(FakeMechanism.calls) == 1 and engine.clients[lp].suspended_at is not None
-        board.set_active(hp, False)
-        engine.sync(now=100.020)
-        assert engine.sync(now=100.020 + switch_s + 1e-6) is None     # later: resumed
-        assert FakeMechanism.calls[-1] == ("resume", lp_proc.pid)
-        engine.close()
-        assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
-    finally:
-        for p in (hp_proc, lp_proc):
-            p.kill()
-            p.wait()
-        board.close()
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    yield board, (lambda: lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)), *procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    board.close()
+
+
+def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake_engine):
+    """After the HP goes idle, the LP stays suspended for as long as its last suspend + resume took;
+    an HP back within that time costs no switch, one back later gets a resume and a new suspend."""
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=100.0)
+    assert board.read_slot(lp).level == 3 and FakeMechanism.calls == []     # attached, not suspended
+    board.set_active(hp, True)
+    engine.sync(now=100.001)
+    assert FakeMechanism.calls == [("suspend", lp_proc.pid)]
+    switch_s = engine.clients[lp].switch_s
+    assert switch_s >= 0.002
+    board.set_active(hp, False)
+    wake_at = engine.sync(now=100.010)                 # idle: resume is put off by the switch cost
+    assert wake_at == pytest.approx(100.010 + switch_s) and len(FakeMechanism.calls) == 1
+    board.set_active(hp, True)                        # back within it: still suspended, no calls
+    engine.sync(now=100.010 + switch_s / 2)
+    assert len(FakeMechanism.calls) == 1 and engine.clients[lp].suspended_at is not None
+    board.set_active(hp, False)
+    engine.sync(now=100.020)
+    assert engine.sync(now=100.020 + switch_s + 1e-6) is None     # later: resumed
+    assert FakeMechanism.calls[-1] == ("resume", lp_proc.pid)
+    engine.close()
+    assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
 
 
 def xsched(*args):
@@ -378,38 +381,20 @@ def test_a_reused_or_stopped_daemon_pid_is_no_daemon(tmp_path):
         board.close()
 
 
-def test_a_process_that_gains_a_second_client_leaves_lv3(tmp_path, monkeypatch):
+def test_a_process_that_gains_a_second_client_leaves_lv3(fake_engine):
     """Its queues are now also another client's (maybe a higher-priority thread of it): the daemon
     lets go of the process (resumed, debugger gone) and its gates take over."""
-    import xsched_lv3.lv3 as lv3
-    from xsched_lv3.policy import make_policy
-    monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
-    monkeypatch.setenv("KFDTOOL_RUN_DIR", str(tmp_path / "run"))
-    FakeMechanism.calls = []
-
-    class Host:
-        kfd, grace_period = object(), 1
-
-        def level_for(self, pid):
-            return lv3.LV3, "Lv3: fake"
-    board = Board(tmp_path / "board")
-    other, proc = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
-    try:
-        board.allocate(other.pid, 5, 0, DEVICE)
-        lp = board.allocate(proc.pid, 0, 0, DEVICE)
-        engine = lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)
-        engine.sync(now=10.0)
-        assert board.read_slot(lp).level == 3
-        top = board.allocate(proc.pid, 10, 1234, DEVICE)          # a thread of the same process, on top
-        board.set_active(top, True)
-        engine.sync(now=10.1)
-        assert ("close", proc.pid) in FakeMechanism.calls and ("suspend", proc.pid) not in FakeMechanism.calls
-        assert board.read_slot(lp).level == 1 and "clients in pid" in engine.describe(lp)["why"]
-    finally:
-        for p in (other, proc):
-            p.kill()
-            p.wait()
-        board.close()
+    board, make_engine, other, proc = fake_engine
+    board.allocate(other.pid, 5, 0, DEVICE)
+    lp = board.allocate(proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=10.0)
+    assert board.read_slot(lp).level == 3
+    top = board.allocate(proc.pid, 10, 1234, DEVICE)          # a thread of the same process, on top
+    board.set_active(top, True)
+    engine.sync(now=10.1)
+    assert ("close", proc.pid) in FakeMechanism.calls and ("suspend", proc.pid) not in FakeMechanism.calls
+    assert board.read_slot(lp).level == 1 and "clients in pid" in engine.describe(lp)["why"]
 
 
 def test_the_daemon_ignores_ctrl_z(setup):
