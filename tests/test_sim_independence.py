@@ -18,7 +18,7 @@ KERNEL_SIDE = ("kernel", "dbg_trap", "smi", "memory", "state", "timing", "proc_s
                "cwsr", "nodes", "errors", "protocol", "execution")
 USER_SIDE = ("client", "control", "runner", "workload", "hip")
 # What the kernel side may import from kfdtool, besides its own kernel-side modules.
-ALLOWED = ("kfdtool.ioctls", "kfdtool.pids", "kfdtool.ratelog")
+ALLOWED = ("kfdtool.ioctls", "kfdtool.pids", "kfdtool.ratelog", "kfdtool.selectloop")
 
 
 def module_path(name):

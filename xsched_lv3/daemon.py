@@ -27,6 +27,7 @@ import time
 import traceback
 
 from kfdtool.pids import ExitWatch, alive
+from kfdtool.selectloop import ConnectionLoop
 from kfdtool.ratelog import RateLimitedLog
 
 from .board import Board, default_path, kfd_device_key
@@ -39,7 +40,6 @@ MAX_LINE_BYTES = 64 << 10           # one request; a longer line closes its conn
 RECV_BYTES = 64 << 10               # one read from a client socket
 MAX_CONNECTIONS = 256               # open client connections (each costs an fd and two buffers)
 PID_MAX = 1 << 22                   # PID_MAX_LIMIT on 64-bit Linux (include/linux/threads.h)
-ACCEPT_PAUSE_S = 1.0                # out of fds: leave new connections in the backlog this long
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SCHEDULE_EVERY_S = 0.05             # re-read the board at least this often (dead, stopped clients)
 
@@ -138,7 +138,7 @@ def _identity(st):
     return [st.st_dev, st.st_ino]
 
 
-class Daemon:
+class Daemon(ConnectionLoop):
     def __init__(self, policy="hpf", socket_path=None, board_path=None, host=None, trace=None,
                  attached_poll_s=None):
         if policy not in POLICIES:
@@ -280,53 +280,16 @@ class Daemon:
         self.lock.release()
 
     # --- connections ----------------------------------------------------------------------------
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:               # EMFILE/ENFILE: leave the rest in the backlog a while
-                self.log(f"accept failed ({e.strerror}); not accepting for {ACCEPT_PAUSE_S:g} s")
-                self.sel.unregister(self.listener)
-                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                return
-            sock.setblocking(False)
-            conn = Connection(sock)
-            refusal = connection_refusal(conn.uid, os.geteuid(), len(self.connections))
-            if refusal:
-                self.log(f"refused {conn}: {refusal}")
-                _last_words(sock, refusal)
-                sock.close()
-                continue
-            self.connections.add(conn)
-            self._watch(conn)
-
-    def _resume_accepting(self):
-        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
-            self.accept_paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
-
-    def _watch(self, conn):
-        """Watch `conn` for what it can do next: take its reply, or send requests. Nothing is read
-        from a client that has not taken its last reply, so its buffers stay bounded."""
-        if conn.closed:
-            return
-        events = selectors.EVENT_WRITE if conn.outbox else selectors.EVENT_READ
-        if events != conn.events:
-            if conn.events:
-                self.sel.modify(conn.sock, events, ("conn", conn))
-            else:
-                self.sel.register(conn.sock, events, ("conn", conn))
-            conn.events = events
-
-    def _on_socket(self, conn, events):
-        if events & selectors.EVENT_WRITE:
-            self._flush(conn)
-        elif events & selectors.EVENT_READ:
-            self._receive(conn)
-        self._take_requests(conn)
-        self._watch(conn)
+    def _admit(self, sock):
+        conn = Connection(sock)
+        refusal = connection_refusal(conn.uid, os.geteuid(), len(self.connections))
+        if refusal:
+            self.log(f"refused {conn}: {refusal}")
+            _last_words(sock, refusal)
+            sock.close()
+            return None
+        self.connections.add(conn)
+        return conn
 
     def _receive(self, conn):
         try:

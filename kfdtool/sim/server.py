@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from ..pids import ExitWatch, alive
+from ..selectloop import ConnectionLoop
 from ..ratelog import RateLimitedLog
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
@@ -116,7 +117,7 @@ class Connection:
         return not self.outbox and not self.sleeping and not self.closed
 
 
-class SimServer:
+class SimServer(ConnectionLoop):
     def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False,
                  max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID,
                  exit_with=None):
@@ -199,28 +200,17 @@ class SimServer:
             raise SystemExit(f"kfdtool-sim: cannot watch pid {pid} to exit with it: {e.strerror}") from None
         self.sel.register(fd, selectors.EVENT_READ, ("owner", pid))
 
-    def _accept(self):
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:                # EMFILE/ENFILE: leave the rest in the backlog a while
-                self.log(f"accept failed ({e.strerror}); not accepting for 1 s")
-                self.sel.unregister(self.listener)
-                self.accept_paused_until = time.monotonic() + 1.0
-                return
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            conn = Connection(sock)
-            refusal = self._over_limit(conn)
-            if refusal:
-                self.log(f"refused {conn}: {refusal}")
-                self._send_last_words(conn, refusal)
-                sock.close()
-                continue
-            self.connections_of[conn.uid] += 1
-            self._watch(conn)
+    def _admit(self, sock):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        conn = Connection(sock)
+        refusal = self._over_limit(conn)
+        if refusal:
+            self.log(f"refused {conn}: {refusal}")
+            self._send_last_words(conn, refusal)
+            sock.close()
+            return None
+        self.connections_of[conn.uid] += 1
+        return conn
 
     def _over_limit(self, conn):
         if sum(self.connections_of.values()) >= self.max_connections:
@@ -229,31 +219,6 @@ class SimServer:
             return (f"too many connections for uid {conn.uid} "
                     f"({self.max_connections_per_uid}, the server's MAX_CONNECTIONS_PER_UID)")
         return None
-
-    def _resume_accepting(self):
-        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
-            self.accept_paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
-
-    def _watch(self, conn):
-        """Watch `conn` for what it can do next: send (replies queued) or take requests."""
-        if conn.closed:
-            return
-        events = selectors.EVENT_WRITE if conn.outbox else selectors.EVENT_READ
-        if events != conn.events:
-            if conn.events:
-                self.sel.modify(conn.sock, events, ("conn", conn))
-            else:
-                self.sel.register(conn.sock, events, ("conn", conn))
-            conn.events = events
-
-    def _on_socket(self, conn, events):
-        if events & selectors.EVENT_WRITE:
-            self._flush(conn)
-        elif events & selectors.EVENT_READ:
-            self._receive(conn)
-        self._take_requests(conn)
-        self._watch(conn)
 
     def _receive(self, conn):
         try:
