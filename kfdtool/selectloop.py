@@ -14,6 +14,7 @@ class ConnectionLoop:
     defines, per connection (`conn.sock`, `conn.outbox`, `conn.events`, `conn.closed`):
       _admit(sock) -> conn, or None after refusing and closing it
       _receive(conn), _take_requests(conn), _flush(conn)
+      _connection_closed(conn): drop whatever else it keeps of a connection being closed
     Its select loop calls `_accept()` for "listen", `_on_socket(conn, events)` for ("conn", conn)
     and `_resume_accepting()` after every round."""
 
@@ -58,3 +59,17 @@ class ConnectionLoop:
             self._receive(conn)
         self._take_requests(conn)
         self._watch(conn)
+
+    def _close(self, conn, reason):
+        """Close `conn` (logging `reason`, if any: None for an orderly close). Safe to call twice."""
+        if conn.closed:
+            return
+        if reason:
+            self.log(f"closed {conn}: {reason}")
+        conn.closed = True
+        if conn.events:
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+        conn.inbox.clear()
+        self._connection_closed(conn)
+        conn.outbox.clear()

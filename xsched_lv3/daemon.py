@@ -337,17 +337,7 @@ class Daemon(ConnectionLoop):
         _last_words(conn.sock, f"protocol error: {reason}; closing the connection")
         self._close(conn, f"protocol error: {reason}")
 
-    def _close(self, conn, reason):
-        if conn.closed:
-            return
-        if reason:
-            self.log(f"closed {conn}: {reason}")
-        conn.closed = True
-        if conn.events:
-            self.sel.unregister(conn.sock)
-        conn.sock.close()
-        conn.inbox.clear()
-        conn.outbox.clear()
+    def _connection_closed(self, conn):
         self.connections.discard(conn)
 
     # --- requests -------------------------------------------------------------------------------

@@ -319,20 +319,10 @@ class SimServer(ConnectionLoop):
             self._send_last_words(conn, reason)
         self._close(conn, reason)
 
-    def _close(self, conn, reason):
-        if conn.closed:
-            return
-        if reason:
-            self.log(f"closed {conn}: {reason}")
-        conn.closed = True
-        if conn.events:
-            self.sel.unregister(conn.sock)
-        conn.sock.close()
-        for _data, fds in conn.outbox:
+    def _connection_closed(self, conn):
+        for _data, fds in conn.outbox:         # SMI fds of replies it never took
             for f in fds:
                 f.close()
-        conn.outbox.clear()
-        conn.inbox.clear()
         self.blocked = [b for b in self.blocked if b[0] is not conn]
         self.connections_of[conn.uid] -= 1
         if not self.connections_of[conn.uid]:
