@@ -249,9 +249,12 @@ class Board:
             out.append(QueueState(i, s.device, bool(s.active), ready_since, hints, s.pid))
         return out
 
-    def clients(self):
-        """[(slot, pid, tid, priority, active, device)] for status displays."""
-        return [(i, s.pid, s.tid, s.priority, bool(s.active), s.device) for i, s in self.slots()]
+    @staticmethod
+    def client_status(index, s):
+        """What `xsched-lv3 status` shows of a slot from the board alone (the daemon adds the
+        level, why, and its suspend counts)."""
+        return {"slot": index, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
+                "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "attached": bool(s.attached)}
 
     def reap(self):
         """Release slots of processes that died (their queues are gone with them)."""

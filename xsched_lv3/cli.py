@@ -166,10 +166,8 @@ def cmd_status(args):
     if "clients" in reply:
         clients = reply["clients"]
     else:                                  # no daemon: what the board says, every client at Lv1
-        clients = [{"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
-                    "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "suspended": False,
-                    "level": s.level if daemon else 1, "why": "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)" if not daemon
-                    else "the daemon did not answer", "attached": bool(s.attached),
+        why = "the daemon did not answer" if daemon else "Lv1: no daemon (`xsched-lv3 daemon` offers Lv3 on AMD)"
+        clients = [{**board.client_status(i, s), "level": s.level if daemon else 1, "why": why, "suspended": False,
                     "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
     if args.json:
         print(json.dumps({"policy": board.policy(), "daemon": daemon or None, "clients": clients}))

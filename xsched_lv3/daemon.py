@@ -183,8 +183,8 @@ class Daemon(ConnectionLoop):
             signal.signal(signum, signal.SIG_IGN)   # Ctrl-Z would stop us holding queues suspended
         try:
             self._bind()
-            for _, pid, *_rest in self.board.clients():
-                self._watch_pid(pid)
+            for _, s in self.board.slots():
+                self._watch_pid(s.pid)
             self.board.set_daemon(os.getpid())
             self._schedule()
             if ready:
@@ -397,10 +397,7 @@ class Daemon(ConnectionLoop):
             return {"ok": True}
         if op == "status":
             return {"ok": True, "policy": self.board.policy(), "clients": [
-                {"slot": i, "pid": s.pid, "tid": s.tid, "priority": s.priority, "active": bool(s.active),
-                 "device": s.device, "suspended": bool(s.suspended), "held": bool(s.held), "held_s": s.held_s,
-                 "attached": bool(s.attached),
-                 **self.engine.describe(i)}
+                {**self.board.client_status(i, s), "suspended": bool(s.suspended), **self.engine.describe(i)}
                 for i, s in self.board.slots()]}
         if op == "hint":
             target = check_pid(msg.get("pid"))
@@ -408,7 +405,7 @@ class Daemon(ConnectionLoop):
             value = check_hint(name, msg.get("value"))
             if not may_change(peer_uid, target):
                 return {"error": f"permission denied: only root or the owner of pid {target} may change its hints"}
-            slots = [s for s, p, *_ in self.board.clients() if p == target]
+            slots = [i for i, s in self.board.slots() if s.pid == target]
             if not slots:
                 return {"error": f"pid {target} is not scheduled"}
             for s in slots:

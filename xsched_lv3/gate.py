@@ -127,7 +127,8 @@ class Gate:
         if board_policy and board_policy != self.policy.name:
             self.policy = make_policy(board_policy)
         self.seen_generation = self.board_generation[0]   # before the states: a write during the read shows next time
-        states = board.states()
+        slots = board.slots()                       # one read: the states and our level come from it
+        states = board.states(slots)
         if self._excused:
             states = [replace(q, ready=False) if (q.id, q.ready_since) in self._excused else q for q in states]
         self._others_here = all(q.pid == self._pid for q in states if q.ready and q.id != self.slot)
@@ -138,11 +139,10 @@ class Gate:
             return
         if now - self._daemon_checked > DAEMON_CHECK_S:
             self._daemon_checked = now
-            self._daemon = daemon = board.daemon_pid()
-            self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if daemon else None
-        daemon = self._daemon
+            self._daemon = board.daemon_pid()
+            self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if self._daemon else None
         # Lv3: the daemon suspends our queues when we must yield; a dead daemon's word no longer holds
-        self.level = 3 if daemon and board.read_slot(self.slot).level == 3 else 1
+        self.level = 3 if self._daemon and dict(slots)[self.slot].level == 3 else 1
         mine = me.hints.get("priority", 0)
         peers = [q.hints.get("priority", 0) for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
