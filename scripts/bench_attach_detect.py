@@ -106,7 +106,7 @@ def main():
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     finally:
         runner.stop(args.machine)
-    write_results(args.out, {"provenance": provenance(), "machine": args.machine, "rows": rows,
+    write_results(args.out, {**provenance(), "machine": args.machine, "rows": rows,
                              "note": "SIMULATION: pointer reads go through the simulator's control socket "
                                      "(~0.1-0.2 ms each); /proc/PID/mem reads on a real host take microseconds"})
 

@@ -191,8 +191,8 @@ def table(paths):
             row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f} ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
-    revisions = sorted({f"{r['provenance']['git_revision'][:7]}" for r in runs})
-    cpus = sorted({r["provenance"]["cpu_count"] for r in runs})
+    revisions = sorted({r['git_revision'][:7] for r in runs})
+    cpus = sorted({r["cpu_count"] for r in runs})
     return "\n".join(lines) + (f"\n\n{len(runs)} results files (revisions {', '.join(revisions)}; "
                                f"{'/'.join(map(str, cpus))} CPUs): one run per row, 501 HP requests each.")
 
@@ -213,7 +213,7 @@ def main():
     if args.table:
         print(table(args.table))
         return
-    doc = {"provenance": provenance(), "serve": SERVE, "batch": BATCH + ["--kernel-us", str(args.lp_kernel_us)],
+    doc = {**provenance(), "serve": SERVE, "batch": BATCH + ["--kernel-us", str(args.lp_kernel_us)],
            "rows": []}
     measure(args, doc)
     doc["ratios"] = ratios(doc)
