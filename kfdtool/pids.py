@@ -3,26 +3,36 @@ import os
 import selectors
 
 
-def process_state(pid):
-    """The state letter from /proc/PID/stat ('R', 'S', 'D', 'T' stopped, 't' stopped by a tracer,
-    'Z' zombie, ...), or None where this /proc does not show the process."""
+def _stat(pid):
+    """/proc/PID/stat's fields after "(comm)" (which may hold spaces and ')'), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return chr(data[data.rindex(b")") + 2])      # after "(comm)", which may hold spaces and ')'
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
         return None
+
+
+def state_and_start(pid):
+    """(state letter, start time in clock ticks since boot) of `pid` from one read of
+    /proc/PID/stat, or (None, None) where this /proc does not show the process."""
+    fields = _stat(pid)
+    try:
+        return fields[0].decode(), int(fields[19])
+    except (TypeError, IndexError, ValueError):
+        return None, None
+
+
+def process_state(pid):
+    """The state letter from /proc/PID/stat ('R', 'S', 'D', 'T' stopped, 't' stopped by a tracer,
+    'Z' zombie, ...), or None where this /proc does not show the process."""
+    return state_and_start(pid)[0]
 
 
 def start_time(pid):
     """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None: with the
     pid, it names one process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    return state_and_start(pid)[1]
 
 
 def alive(pid):

@@ -22,7 +22,7 @@ from collections import namedtuple
 from contextlib import contextmanager
 from pathlib import Path
 
-from kfdtool.pids import alive, process_state, start_time
+from kfdtool.pids import alive, start_time, state_and_start
 
 from .policy import QueueState
 
@@ -223,7 +223,8 @@ class Board:
     def daemon_pid(self):
         """The pid of the daemon serving this board if it lives and runs (not stopped), else 0."""
         pid, _, started = DAEMON.unpack_from(self.mm, DAEMON_OFFSET)
-        if pid <= 0 or start_time(pid) != started or process_state(pid) in ("T", "t", "Z", "X", None):
+        state, start = state_and_start(pid) if pid > 0 else (None, None)
+        if start != started or state in ("T", "t", "Z", "X", None):
             return 0
         return pid
 
