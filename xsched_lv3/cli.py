@@ -32,9 +32,9 @@ def build_parser():
     d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
                    help="3 (default): suspend lower-priority clients' KFD queues where the host allows "
                         "(Lv3), else their gates hold them (Lv1); 1: gates only")
-    d.add_argument("--attached-poll-ms", type=float, default=None, metavar="MS",
-                   help="how often an attached process's queue pointers are read to see it busy (default "
-                        "1 ms; see README)")
+    d.add_argument("--attached-poll-ms", type=float, metavar="MS",
+                   help="how often an attached process's queue pointers are read to see it busy "
+                        "(default 1, lv3.ATTACHED_POLL_S; see README)")
     d.add_argument("--trace", metavar="FILE", type=argparse.FileType("a"),
                    help="append one line per Lv3 suspend and resume (monotonic time, pid, duration)")
     d.add_argument("--sim", metavar="NAME", help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
@@ -92,12 +92,12 @@ def build_parser():
 
 def cmd_daemon(args):
     from .daemon import Daemon
-    from .lv3 import Host
+    from .lv3 import ATTACHED_POLL_S, Host
     host = Host(*_kfd_of(args.sim), max_level=args.max_level)
-    if args.attached_poll_ms is not None and not 0.05 <= args.attached_poll_ms <= 10_000:
+    poll_ms = ATTACHED_POLL_S * 1e3 if args.attached_poll_ms is None else args.attached_poll_ms
+    if not 0.05 <= poll_ms <= 10_000:
         raise ValueError("--attached-poll-ms must be between 0.05 and 10000")
-    daemon = Daemon(args.policy, args.socket, host=host, trace=args.trace,
-                    attached_poll_s=args.attached_poll_ms / 1e3 if args.attached_poll_ms else None)
+    daemon = Daemon(args.policy, args.socket, host=host, trace=args.trace, attached_poll_s=poll_ms / 1e3)
     lv3 = host.no_kfd or f"Lv3 through {'simulated ' + args.sim if args.sim else 'KFD'} ({host.grace_why})"
     daemon.serve(ready=lambda: print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, "
                                      f"board {daemon.board.path}; {lv3}", flush=True))

@@ -32,7 +32,7 @@ from kfdtool.ratelog import RateLimitedLog
 
 from .board import Board, default_path, kfd_device_key
 from .daemon_link import default_socket, wake_path
-from .lv3 import LV1, LV3, Host, Lv3Engine
+from .lv3 import ATTACHED_POLL_S, LV1, LV3, Host, Lv3Engine
 from .policy import POLICIES, check_hint, make_policy, short_repr
 
 CRED = struct.Struct("3i")
@@ -140,7 +140,7 @@ def _identity(st):
 
 class Daemon(ConnectionLoop):
     def __init__(self, policy="hpf", socket_path=None, board_path=None, host=None, trace=None,
-                 attached_poll_s=None):
+                 attached_poll_s=ATTACHED_POLL_S):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.socket_path = socket_path or default_socket()
@@ -155,8 +155,9 @@ class Daemon(ConnectionLoop):
         self.board.set_policy(policy)
         # Lv3: without a host (tests of the protocol alone) every client keeps its Lv1 gate
         self.host = host or Host(_no_kfd, max_level=LV1)
-        self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self._log, trace=trace,
-                                **({"attached_poll_s": attached_poll_s} if attached_poll_s else {}))
+        self.log = RateLimitedLog("xsched-lv3 daemon")
+        self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self.log, trace=trace,
+                                attached_poll_s=attached_poll_s)
         self.wake = None                   # datagram socket clients poke when their activity changes
         self.wake_at = None                # the engine wants to run again then (a pending resume)
         self.sel = selectors.DefaultSelector()
@@ -167,10 +168,6 @@ class Daemon(ConnectionLoop):
         self.accept_paused_until = 0.0
         self.running = True
         self.stopped_by = None                 # the signal that ended serve()
-        self.log = RateLimitedLog("xsched-lv3 daemon")
-
-    def _log(self, text):
-        self.log(text)
 
     # --- life -----------------------------------------------------------------------------------
     def serve(self, ready=None):
