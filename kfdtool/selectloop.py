@@ -15,8 +15,21 @@ class ConnectionLoop:
       _admit(sock) -> conn, or None after refusing and closing it
       _receive(conn), _take_requests(conn), _flush(conn)
       _connection_closed(conn): drop whatever else it keeps of a connection being closed
-    Its select loop calls `_accept()` for "listen", `_on_socket(conn, events)` for ("conn", conn)
-    and `_resume_accepting()` after every round."""
+      _on_exit(pid): a process watched with kfdtool.pids.ExitWatch exited
+    Its select loop hands every event to `_handle_event(kind, obj, events)` first, and handles the kinds
+    of its own where that returns False; it calls `_resume_accepting()` after every round."""
+
+    def _handle_event(self, kind, obj, events):
+        """The events every such server has: new connections, connections, exited processes."""
+        if kind == "listen":
+            self._accept()
+        elif kind == "conn":
+            self._on_socket(obj, events)
+        elif kind == "pidfd":
+            self._on_exit(obj)
+        else:
+            return False
+        return True
 
     def _accept(self):
         while True:

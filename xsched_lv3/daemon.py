@@ -189,13 +189,9 @@ class Daemon(ConnectionLoop):
             while self.running:
                 for key, events in self.sel.select(timeout=self._timeout()):
                     kind, obj = key.data
-                    if kind == "listen":
-                        self._accept()
-                    elif kind == "conn":
-                        self._on_socket(obj, events)
-                    elif kind == "pidfd":
-                        self._on_exit(obj)
-                    elif kind == "signal":
+                    if self._handle_event(kind, obj, events):
+                        continue
+                    if kind == "signal":
                         _drain(wake_r)
                     elif kind == "poke":
                         _drain_datagrams(self.wake)

@@ -172,13 +172,9 @@ class SimServer(ConnectionLoop):
         while self.running:
             for key, events in self.sel.select(timeout=0.5):
                 kind, obj = key.data
-                if kind == "listen":
-                    self._accept()
-                elif kind == "conn":
-                    self._on_socket(obj, events)
-                elif kind == "pidfd":
-                    self._on_exit(obj)
-                elif kind == "smi":
+                if self._handle_event(kind, obj, events):
+                    continue
+                if kind == "smi":
                     self.kfd.smi.on_readable(obj)
                 elif kind == "owner":
                     self.log(f"pid {obj} exited; stopping (KFDTOOL_SIM_EXIT_WITH)")
