@@ -63,6 +63,8 @@ CASES = [
     (X + ["run", "--policy", "bogus", "--", "true"], U),
     *[(X + ["run", "--window-us", v, "--", "true"], E) for v in ["-1", "nan", "inf"]],
     (X + ["run", "--window-us", "abc", "--", "true"], U),
+    *[(X + ["run", "--latency-slack", v, "--", "true"], E) for v in ["-0.1", "nan", "inf"]],
+    (X + ["run", "--latency-slack", "abc", "--", "true"], U),
     *[(X + ["run", "--utilization", v, "--", "true"], E) for v in ["300", "-1"]],
     (X + ["run", "--deadline-us", "-1", "--", "true"], E), (X + ["run", "--laxity-us", "-5", "--", "true"], E),
     (X + ["hint"], U), (X + ["hint", "--pid", "abc"], U), (X + ["hint", "--pid", "1"], E),

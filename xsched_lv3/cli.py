@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .board import Board
 from .policy import HINTS, POLICIES, check_hint
+from .protection import DEFAULT_LATENCY_SLACK, Protection
 from .window import DEFAULT_WINDOW_US
 
 EPILOG = """examples:
@@ -55,6 +56,10 @@ def build_parser():
     r.add_argument("--window-us", type=float, default=None,
                    help=f"most GPU time this client leaves in flight while a higher-priority one shares its GPU "
                         f"(default {DEFAULT_WINDOW_US:g}; 0: unbounded)")
+    r.add_argument("--latency-slack", type=float, default=None, metavar="FRACTION",
+                   help="hold lower-priority clients only while they cost this client's latency more than this "
+                        f"fraction of its P99, judged from its own requests (default {DEFAULT_LATENCY_SLACK:g}; "
+                        "0: hold them for every request, strict priority)")
     r.add_argument("--utilization", type=float, help="--policy bandwidth: this client's share of the GPU, percent")
     r.add_argument("--deadline-us", type=float, help="--policy kedf: deadline of a request, from its start")
     r.add_argument("--laxity-us", type=float, help="--policy laxity: raise to critical priority after this long")
@@ -129,6 +134,11 @@ def cmd_run(args):
         env["XSCHED_LV3_WINDOW_US"] = str(args.window_us)
     else:
         env.pop("XSCHED_LV3_WINDOW_US", None)
+    if args.latency_slack is not None:
+        Protection(args.latency_slack)     # its one check: a clear line here, not at `import torch`
+        env["XSCHED_LV3_LATENCY_SLACK"] = str(args.latency_slack)
+    else:
+        env.pop("XSCHED_LV3_LATENCY_SLACK", None)
     for name in ("utilization", "deadline_us", "laxity_us"):
         value = getattr(args, name)
         if value is not None:

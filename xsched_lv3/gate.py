@@ -9,7 +9,9 @@ A gate costs only what its position on the board requires (the fast path is the 
     module, nothing but one 128-byte board comparison per request. The top-priority client on a
     device is never windowed or held;
   * **tracking** (marks itself active/idle per request) only while a lower-priority client shares
-    its device, since only those clients read that state;
+    its device, since only those clients read that state; and only for requests that need it: a
+    client measures its request latency and holds lower clients back only while they endanger it
+    (`protection.py`; strict priority with `latency_slack=0`);
   * **guarded** while a higher-priority client shares its device (or the policy is not strict
     priority): before each module and after each leaf module it asks the policy whether it may run
     (one board comparison), and every few leaves it places a sync point that keeps its in-flight GPU
@@ -30,6 +32,7 @@ from kfdtool.pids import stopped
 from . import daemon_link
 from .board import Board
 from .policy import check_hint, make_policy, shares_device
+from .protection import DEFAULT_LATENCY_SLACK, Protection
 from .window import DEFAULT_WINDOW_US, ProgressiveWindow
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
@@ -51,13 +54,14 @@ WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU wor
 
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, spin_s=0.0,
-                 whole_process=False, **hints):
+                 whole_process=False, latency_slack=DEFAULT_LATENCY_SLACK, **hints):
         # recorder: record() -> handle, done(handle) (never blocks), wait(handle), device_key() -> an
         #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
         self.priority = check_hint("priority", priority)
         self.hints = {k: check_hint(k, v) for k, v in hints.items()}
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.protection = Protection(latency_slack)
         self.window_us = window_us                 # None or 0: never windowed (in-flight work unbounded)
         self.spin_s = spin_s                       # held: poll without sleeping this long, then back off
         self.board = board or Board()
@@ -82,6 +86,8 @@ class Gate:
         self._lock = threading.Lock()              # request bookkeeping (launching threads, watcher)
         self._window_lock = threading.Lock()
         self._open = 0                             # requests begun and not yet ended (all threads)
+        self._busy_since = None                    # when the current busy period (requests open or in flight) began
+        self._protecting = False                   # the current busy period holds lower clients
         self._pid = os.getpid()
         self._others_here = False                  # every other active client is in this process
         # (slot, ready_since) of activations whose process was found stopped (SIGSTOP, a debugger): they
@@ -174,8 +180,10 @@ class Gate:
         if tracking and not self.tracking and self._watcher is None:
             self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
             self._watcher.start()
-        if not tracking and self._active:
-            self._mark(False)
+        if not tracking:
+            self._busy_since = None
+            if self._active:
+                self._mark(False)
         self.tracking = tracking
 
     # --- requests (a top-level module call) -------------------------------------------------------------
@@ -197,7 +205,13 @@ class Gate:
             with self._lock:
                 self._open += 1
                 self._requests += 1
-                self._mark(True)
+                if self._busy_since is None:       # a new busy period: protect it, or not
+                    self._busy_since = now
+                    # only strict priority lets a client waive its own precedence: other policies
+                    # (shares, deadlines) read every client's activity
+                    self._protecting = self.protection.protect_next() or not self.policy.strict_priority
+                if self._protecting:
+                    self._mark(True)
 
     def end_request(self):
         """Work of this request is launched; the client is idle once it completes on the GPU and
@@ -240,8 +254,12 @@ class Gate:
             request, handle = item
             self.recorder.wait(handle)
             with self._lock:
-                if request == self._requests and not self._open and self._active:   # none began meanwhile
-                    self._mark(False)
+                if request == self._requests and not self._open and self._busy_since is not None:
+                    # none began meanwhile: the busy period ends here, and its latency is known
+                    self.protection.finished(self._protecting, time.monotonic() - self._busy_since)
+                    self._busy_since = None
+                    if self._active:
+                        self._mark(False)
 
     # --- per module call, while guarded ------------------------------------------------------------------
     def check(self):
@@ -320,7 +338,7 @@ class Gate:
         return {"priority": self.priority, "device": self.device, "level": self.level, "guarded": self.guarded,
                 "tracking": self.tracking, "requests": self._requests, "waits": self.waits,
                 "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points,
-                "blocked_syncs": self.blocked_syncs,
+                "blocked_syncs": self.blocked_syncs, **self.protection.stats(),
                 "window_cmd_us": window.cmd_us if window is not None and window.calibrated else None}
 
     def close(self):

@@ -6,6 +6,7 @@ import os
 import sys
 
 from .gate import PROCESS_SPIN_S, Gate
+from .protection import DEFAULT_LATENCY_SLACK
 from .window import DEFAULT_WINDOW_US
 
 HINT_VARIABLES = {"XSCHED_LV3_UTILIZATION": "utilization", "XSCHED_LV3_DEADLINE_US": "deadline_us",
@@ -17,10 +18,12 @@ def process_gate(recorder):
     once on stderr, where it cannot be scheduled: a framework's import never fails over scheduling."""
     hints = {name: float(os.environ[var]) for var, name in HINT_VARIABLES.items() if os.environ.get(var)}
     window = os.environ.get("XSCHED_LV3_WINDOW_US")
+    slack = os.environ.get("XSCHED_LV3_LATENCY_SLACK")
     try:
         gate = Gate(recorder, int(os.environ.get("XSCHED_LV3_PRIORITY", "0")), os.environ.get("XSCHED_LV3_POLICY", "hpf"),
                     DEFAULT_WINDOW_US if window is None else float(window) or None, spin_s=PROCESS_SPIN_S,
-                    whole_process=True, **hints)
+                    whole_process=True, latency_slack=DEFAULT_LATENCY_SLACK if slack is None else float(slack),
+                    **hints)
     except (OSError, ValueError, RuntimeError) as e:    # board unusable or full (`run` checked it before)
         print(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled", file=sys.stderr)
         return None

@@ -1,0 +1,158 @@
+"""Holding lower clients only while they endanger the higher client's latency (protection.py): the
+verdicts from request latencies, how many exposed requests a harmful pair costs, and the gate
+acting on them (a lower client that costs nothing is no longer held; one that slows the requests
+stays held)."""
+import itertools
+import threading
+import time
+
+import pytest
+
+from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, PROBE_REQUESTS,
+                                   REFRESH_EVERY, Protection)
+from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
+
+# a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic)
+JITTER = [0.0, 0.3, -0.2, 0.1, 0.6, -0.1, 0.2, 1.4, -0.3, 0.0, 0.4, -0.2, 0.1]   # odd: both kinds see all
+
+
+def latency(i, cost_ms=0.0):
+    return (2.0 + JITTER[i % len(JITTER)] + cost_ms) / 1000
+
+
+def serve(protection, requests, exposed_cost_ms, start=0):
+    """Run `requests` requests; exposed ones take `exposed_cost_ms` longer. Returns the kinds."""
+    kinds = []
+    for i in range(start, start + requests):
+        protected = protection.protect_next()
+        protection.finished(protected, latency(i, 0.0 if protected else exposed_cost_ms))
+        kinds.append(protected)
+    return kinds
+
+
+def test_a_harmless_lower_client_is_no_longer_held_after_one_probe():
+    p = Protection(0.10)
+    kinds = serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.05)
+    assert all(kinds[:2 * BASELINE_REQUESTS])               # protected while the baseline is taken
+    assert p.exposing
+    later = serve(p, 80, exposed_cost_ms=0.05, start=len(kinds))
+    assert later.count(True) == 80 // REFRESH_EVERY    # one in REFRESH_EVERY still protected (the baseline)
+
+
+def test_a_harmful_lower_client_stays_held_and_probes_back_off():
+    p = Protection(0.10)
+    kinds = serve(p, 10_000, exposed_cost_ms=1.5)
+    assert not p.exposing
+    exposed = [i for i, k in enumerate(kinds) if not k]
+    probes = [list(g) for _, g in itertools.groupby(exposed, key=lambda i, c=itertools.count(): i - 2 * next(c))]
+    assert all(len(probe) == PROBE_REQUESTS for probe in probes)
+    starts = [probe[0] for probe in probes]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # each probe spans 2*PROBE_REQUESTS-1 requests; then the gap of protected requests grows 4x up to the cap
+    expected = [min(MAX_PROBE_GAP, FIRST_PROBE_GAP * 4 ** k) + 2 * PROBE_REQUESTS - 1 for k in range(1, len(gaps) + 1)]
+    assert gaps == expected
+    assert len(exposed) / len(kinds) < 0.01             # below one percent: the P99 is not theirs
+
+
+def test_a_lower_client_that_turns_harmful_is_held_again_within_two_batches():
+    p = Protection(0.10)
+    serve(p, 200, exposed_cost_ms=0.0)
+    assert p.exposing
+    harmed = 0
+    for i in range(200, 400):                    # from here on, exposure costs 2 ms a request
+        if not p.exposing:
+            break
+        protected = p.protect_next()
+        harmed += not protected
+        p.finished(protected, latency(i, 0.0 if protected else 2.0))
+    assert not p.exposing
+    assert harmed <= 2 * PROBE_REQUESTS - 1
+    later = serve(p, 2000, exposed_cost_ms=2.0, start=400)
+    assert later.count(False) <= 3 * PROBE_REQUESTS       # the backed-off probes only (after 32, 128, 512...)
+
+
+def test_a_shift_within_the_slack_of_the_tail_is_harmless_and_beyond_it_is_not():
+    p90 = sorted(JITTER)[int(0.9 * len(JITTER))] + 2.0     # ms: the protected requests' 90th percentile
+    assert serve_verdict(0.10, 0.6 * 0.10 * p90)
+    assert not serve_verdict(0.10, 1.5 * 0.10 * p90)
+    assert serve_verdict(0.30, 1.5 * 0.10 * p90)        # a looser slack accepts it
+
+
+def serve_verdict(slack, cost_ms):
+    p = Protection(slack)
+    serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=cost_ms)
+    return p.exposing
+
+
+def test_slack_zero_is_strict_priority():
+    p = Protection(0)
+    assert all(serve(p, 500, exposed_cost_ms=0.0))
+
+
+@pytest.mark.parametrize("slack", [-0.1, float("nan"), float("inf")])
+def test_a_bad_slack_is_refused(slack):
+    with pytest.raises(ValueError, match="latency slack"):
+        Protection(slack)
+
+
+def _requests(xt, torch, gpu, gate_priority, n, layers=4, kernel_s=0.0005, interference=None):
+    """`n` requests of a service, one at a time; `interference()`: extra seconds a launch takes now."""
+    class Launching(torch.nn.Module):
+        """A leaf that takes CPU time before its kernel, as a real launch-bound service does."""
+        def forward(self, x):
+            time.sleep(0.0005 + (interference() if interference else 0.0))
+            gpu.launch(self.name, self.kernel_s)
+            return x
+    m = torch.nn.Module(*[Launching(kernel_s=kernel_s, name=f"hp{i}") for i in range(layers)])
+    active_seen = 0
+    with xt.client(priority=gate_priority) as gate:
+        for _ in range(n):
+            m(None)
+            active_seen += gate.board.read_slot(gate.slot)[2]
+            deadline = time.monotonic() + 1
+            while gate._busy_since is not None and time.monotonic() < deadline:
+                time.sleep(0.0005)          # the watcher ends the request: one at a time, like a service
+        stats = gate.stats()
+    return active_seen, stats
+
+
+def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_nothing(torch_fake):
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)           # registered, launches nothing: exposure costs the service nothing
+    n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 40
+    # requests of ~20 ms: a loaded CI host's scheduling noise stays far below the slack
+    active_seen, stats = _requests(xt, torch, gpu, 10, n, kernel_s=0.005)
+    assert stats["exposing"] and stats["probes"] == 1
+    # protected: the baseline, half the probe, then one in REFRESH_EVERY
+    assert active_seen <= 2 * BASELINE_REQUESTS + PROBE_REQUESTS + 40 // REFRESH_EVERY + 1
+    lp.close()
+
+
+def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
+    torch, gpu, xt = torch_fake
+    stop = threading.Event()
+    lp_model = model(torch, "lp", 5, 0.0001)
+    lp_gate = {}
+
+    def lp():
+        with xt.client(priority=0) as gate:
+            lp_gate["gate"] = gate
+            while not stop.is_set():
+                lp_model(None)
+                torch.cuda.Stream().synchronize()
+
+    def interference():              # a GPU shared with a running LP: each launch of the service 3 ms slower
+        gate = lp_gate.get("gate")
+        return 0.003 if gate is not None and gate._may_run else 0.0
+    t = threading.Thread(target=lp)
+    t.start()
+    try:
+        time.sleep(0.05)
+        n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 20
+        active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
+    finally:
+        stop.set()
+        t.join()
+    assert not stats["exposing"] and stats["probes"] == 1
+    assert stats["exposed_requests"] == PROBE_REQUESTS
+    assert active_seen == n - PROBE_REQUESTS
