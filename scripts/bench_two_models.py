@@ -11,6 +11,9 @@ imports. Variants, all measured in one run on one GPU:
                           `xsched-lv3 run -- python batch.py ...`: default options everywhere
   native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
   xsched-threads          the same, each thread bound with `xt.client(priority=...)`, defaults
+  xsched[-threads]-strict with --strict: the service at --latency-slack 0 (strict priority: lower
+                          clients held for every request), to show what holding only while they
+                          endanger it changes
 
 The service takes open-loop requests (latency from scheduled arrival to result); the batch job runs
 back to back. Alone baselines are re-measured in every run, interleaved A/B with the scheduled LP
@@ -24,6 +27,7 @@ CPU count in each).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -55,8 +59,10 @@ def commands(variant, pair, seconds, window_us=None):
         "lp-alone-xsched-baseline": [xsched_run(lp)],
         "native": [hp, lp],
         "xsched": [xsched_run(hp, priority=10), xsched_run(lp, window_us=window_us)],
+        "xsched-strict": [xsched_run(hp, priority=10, latency_slack=0), xsched_run(lp, window_us=window_us)],
         "native-threads": [threads],
         "xsched-threads": [threads + ["--scheduled"]],
+        "xsched-threads-strict": [threads + ["--scheduled", "--latency-slack", "0"]],
     }[variant]
 
 
@@ -105,7 +111,10 @@ def measure(args, doc):
                 if args.baseline:
                     run("lp-alone-xsched-baseline", pair, args.alone_seconds)
         for mode in args.modes:
-            for variant in (("native", "xsched") if mode == "processes" else ("native-threads", "xsched-threads")):
+            variants = ["native", "xsched"] if mode == "processes" else ["native-threads", "xsched-threads"]
+            if args.strict:
+                variants.append(variants[-1] + "-strict")
+            for variant in variants:
                 run(variant, pair, args.seconds)
 
 
@@ -150,7 +159,8 @@ def table(paths):
              "|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
-    order = ["lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "native-threads", "xsched-threads"]
+    order = ["lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "xsched-strict", "native-threads",
+             "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))
@@ -174,6 +184,8 @@ def main():
     p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
     p.add_argument("--baseline", metavar="CHECKOUT",
                    help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C)")
+    p.add_argument("--strict", action="store_true",
+                   help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out", help="results file (default results/bench_two_models_<modes>_r<rep>.json)")
     p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the README table of these results")
@@ -185,7 +197,8 @@ def main():
     doc = {"benchmark": "two models, one GPU, as users run them", **provenance(), "torch": torch.__version__,
            "hp_rate_per_s": 20.0, "seconds": args.seconds,
            "alone_seconds": args.alone_seconds, "window_us": args.window_us, "modes": args.modes,
-           "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep, "rows": []}
+           "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep,
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "rows": []}
     print(f"{doc['card']}, {doc['cpu_count']} CPUs, {doc['git_revision']}{' (dirty)' if doc['git_dirty'] else ''}",
           flush=True)
     measure(args, doc)

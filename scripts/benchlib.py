@@ -99,13 +99,15 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def xsched_run(argv, priority=None, window_us=None):
+def xsched_run(argv, priority=None, window_us=None, latency_slack=None):
     """`xsched-lv3 run` (the console script's main, through -m so no install is needed)."""
     cmd = [PY, "-m", "xsched_lv3", "run"]
     if priority is not None:
         cmd += ["--priority", str(priority)]
     if window_us is not None:
         cmd += ["--window-us", str(window_us)]
+    if latency_slack is not None:
+        cmd += ["--latency-slack", str(latency_slack)]
     return cmd + ["--"] + argv
 
 

@@ -32,6 +32,7 @@ def main():
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--scheduled", action="store_true", help="bind each thread with xt.client (defaults)")
+    p.add_argument("--latency-slack", type=float, help="--scheduled: the service's latency slack (0: strict priority)")
     p.add_argument("--no-hp", action="store_true")
     p.add_argument("--no-lp", action="store_true")
     args = p.parse_args()
@@ -44,7 +45,8 @@ def main():
     def role(kind, priority, fn):
         name, batch = args.hp if kind == "hp" else args.lp
         stream = torch.cuda.Stream()
-        ctx = xt.client(priority=priority) if xt else contextlib.nullcontext()
+        options = {} if args.latency_slack is None or kind == "lp" else {"latency_slack": args.latency_slack}
+        ctx = xt.client(priority=priority, **options) if xt else contextlib.nullcontext()
         with torch.cuda.stream(stream), ctx as gate:
             model, x = build(name, batch)
             warm(model, x, 20 if kind == "hp" else 10)
