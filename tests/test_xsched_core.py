@@ -185,18 +185,3 @@ def test_concurrent_submitters_keep_per_queue_order():
     xq.close()
     assert hwq.executed == order
 
-
-def test_an_uncalibrated_window_shrinks_its_segments_while_the_gpu_is_behind():
-    """A GPU-bound client next to a busy higher one may never learn its kernel time (every interval
-    between two waits spans a board change): its segments still shrink while the GPU is behind, and
-    a hold, which drains the GPU, does not count as keeping up."""
-    w = ProgressiveWindow(window_us=500)
-    per_sync = w.commands_per_sync()
-    per_sync = w.commands_per_sync(per_sync, kept_up=True)
-    assert per_sync == 2 * w.calibration_commands
-    for _ in range(5):
-        per_sync = w.commands_per_sync(per_sync, kept_up=False)
-    assert per_sync == 1
-    w.paused()
-    assert w.commands_per_sync(per_sync, kept_up=True) == 1      # drained by the hold: proves nothing
-    assert w.commands_per_sync(per_sync, kept_up=True) == 2      # kept up on its own: grows again

@@ -17,8 +17,8 @@ and a P99 within 1 + slack of the protected P99 is the target; the 90th percenti
 protected requests stands for their tail, the highest one a few outliers cannot move). Harmless: requests stay exposed,
 one in REFRESH_EVERY still protected to keep the comparison current, and the verdict is re-checked
 on every new batch of PROBE_REQUESTS exposed requests, so a lower client that turns harmful (a new
-phase, a new client) is held again within two batches. Harmful: protected on, and the next probe waits four times
-longer (up to MAX_PROBE_GAP requests), so a pair that interferes pays a bounded, shrinking number
+phase, a new client) is held again within two batches. Harmful (a probe, or a re-check): protected on, and the
+next probe waits four times longer (up to MAX_PROBE_GAP requests), so a pair that interferes pays a bounded, shrinking number
 of exposed requests: with the defaults, 8 among requests 65-79, then 8 more after 128, 512, 2048
 protected requests, and then after every 4096.
 
@@ -97,11 +97,9 @@ class Protection:
     def _verdict(self, harmless):
         if harmless:
             self.exposing, self._gap = True, FIRST_PROBE_GAP
-        else:
-            if self.exposing:                         # it was harmless, then turned: probe again soon
-                self.exposing = False
-            else:
-                self._gap = min(MAX_PROBE_GAP, self._gap * 4)
+        else:                                         # also when an exposure turned harmful: no flapping
+            self.exposing = False
+            self._gap = min(MAX_PROBE_GAP, self._gap * 4)
             self._until_probe = self._gap
         self._probe_left, self._since_check = 0, 0
         self.exposed.clear()

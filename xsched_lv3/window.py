@@ -41,7 +41,6 @@ class ProgressiveWindow:
         self.since_sync_us = 0.0
         self.since_sync_n = 0
         self._chain_at = None                    # when the last waited-for sync point completed
-        self._paused = False                     # paused() since the last commands_per_sync()
 
     @property
     def in_flight_us(self):
@@ -92,18 +91,13 @@ class ProgressiveWindow:
         """How many commands to launch before the next sync point: half a window of the learned GPU
         time (at least one command). Before anything was learned: few at first (a GPU-bound client
         is seen behind within a few commands and learns), doubling each time the GPU was found to
-        keep up (`kept_up`: every sync point but the newest done, no wait) since the last pause, up
-        to MAX_COMMANDS_PER_SYNC, and halving each time it was behind: a GPU-bound client that
-        cannot learn (a busy higher client changes the board between any two of its waits) still
-        keeps few commands in flight. A GPU drained by a hold says nothing of keeping up."""
+        keep up (`kept_up`: every sync point but the newest done, no wait), up to
+        MAX_COMMANDS_PER_SYNC."""
         if self.calibrated:
             return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
         if current is None:
             return self.calibration_commands
-        paused, self._paused = self._paused, False
-        if not kept_up:
-            return max(1, current // 2)
-        return current if paused else min(MAX_COMMANDS_PER_SYNC, 2 * current)
+        return min(MAX_COMMANDS_PER_SYNC, 2 * current) if kept_up else current
 
     def over(self):
         """True when launching more would exceed the window (the caller then retires or waits).
@@ -136,7 +130,6 @@ class ProgressiveWindow:
         """The client was held back, or another client's activity changed: an interval reaching
         across this point is not (only) this client's GPU work, and is not learned from."""
         self._chain_at = None
-        self._paused = True
 
     def _learn(self, measured_us):
         self.cmd_us = measured_us if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured_us
