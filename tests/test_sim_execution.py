@@ -1,9 +1,10 @@
 """The simulated GPU executes work in time (kfdtool/sim/execution.py) and SimHip drives it.
 
-Kernels take their work time, share a device (ESTIMATE: full speed while their waves fit, then
-capacity / total waves), stop while their queue is suspended, evicted or its device stalled by an
-HWS remap, and go on after. Rules about processes are tried with separate OS processes. Timing
-tolerances are loose: CI has 2 vCPUs and the server is Python."""
+Kernels take their work time, hold wave slots until their waves retire (a kernel arriving on a
+full device waits for them), stop while their queue is suspended, evicted or its device stalled by
+an HWS remap, and go on after. The slot rules themselves, on simulated time, are in
+test_sim_execution_slots.py; here they are seen through the server. Rules about processes are tried
+with separate OS processes. Timing tolerances are loose: CI has 2 vCPUs and the server is Python."""
 import json
 import os
 import select
@@ -115,6 +116,11 @@ def test_a_kernel_takes_its_work_time_and_a_stream_runs_in_order(hip):
     assert 0.029 <= time.monotonic() - t0 < 0.08
 
 
+def slots(hip, device):
+    """The device's wave slots: CUs x 40 (timing.max_waves)."""
+    return hip.rt.topology.find_gpu(hip.gpus[device]).cu_count * 40
+
+
 def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
     a, b = hip.stream(device=9), hip.stream(device=9)
     t0 = time.monotonic()
@@ -122,7 +128,7 @@ def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
     hip.launch(b, work_us=20_000, waves=WIDE)
     hip.stream_synchronize(a)
     hip.stream_synchronize(b)
-    assert time.monotonic() - t0 >= 0.038             # each got half the device: ~40 ms for both
+    assert time.monotonic() - t0 >= 0.038             # their waves took turns on the slots: ~40 ms for both
     c, d = hip.stream(device=10), hip.stream(device=10)
     t0 = time.monotonic()
     hip.launch(c, work_us=20_000, waves=8)
@@ -137,6 +143,18 @@ def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
     assert time.monotonic() - t0 < 0.032
 
 
+def test_a_kernel_arriving_on_a_full_device_waits_for_the_running_waves(hip):
+    """Head-of-line blocking through the server: one round of 60 ms waves fills device 23; a 1 ms
+    kernel rung just after gets no slot until they retire (with processor sharing it took ~2 ms)."""
+    batch, service = hip.stream(device=23), hip.stream(device=23)
+    hip.launch(batch, work_us=60_000, waves=slots(hip, 23))
+    t0 = time.monotonic()
+    hip.launch(service, work_us=1_000, waves=8)
+    hip.stream_synchronize(service)
+    assert 0.055 <= time.monotonic() - t0 < 0.2
+    hip.stream_synchronize(batch)
+
+
 def test_a_queue_suspended_by_another_process_keeps_its_work_and_finishes_after_resume(sim, workers):
     worker = workers(device=12, work_us=80_000)
     kfd = KfdDevice(sim.open_kfd())
@@ -144,12 +162,15 @@ def test_a_queue_suspended_by_another_process_keeps_its_work_and_finishes_after_
         with DebugTrapSuspend(kfd, worker.pid) as mech:
             assert [o.outcome for o in mech.suspend([worker.qid]).outcomes] == ["suspended"]
             held = queue_state(sim, worker.pid, worker.qid)
-            assert held["resident_waves"] == 8 and held["saved_wave_bytes"] > 0    # CWSR saved the kernel's waves
+            # CWSR saved the kernel's 8 waves: they left their slots
+            assert held["resident_waves"] == 0 and held["saved_wave_bytes"] > 0
             time.sleep(0.15)
             later = queue_state(sim, worker.pid, worker.qid)
             assert later["head_remaining_us"] == held["head_remaining_us"] > 0     # no progress
             assert later["completed"] == 0
             mech.resume([worker.qid])
+            time.sleep(0.01)                            # the remap's stall ends: the waves are restored
+            assert queue_state(sim, worker.pid, worker.qid)["resident_waves"] == 8
         done = worker.line()
         assert 0.22 <= done["done_s"] < 0.6           # 80 ms of work + the ~150 ms it was held
         assert queue_state(sim, worker.pid, worker.qid)["completed"] == 1
@@ -322,24 +343,3 @@ def test_a_waiter_that_disappears_costs_nothing(sim, hip, workers):
     assert time.monotonic() - t0 < 0.5
     with sim.control() as ctl:
         assert worker.pid not in ctl("status")["processes"]      # its queues and work went with it
-
-
-def test_catch_up_finishes_kernels_whose_end_rounds_to_now():
-    """A head with 1.5e-6 µs left (just above the residue counted as done), at a boot time of hours:
-    its end, in float nanoseconds, rounds to the start. Catching up must still retire it (it once spun forever, taking the
-    simulator's CPU and starving every simulated process)."""
-    from collections import deque
-    from types import SimpleNamespace
-
-    from kfdtool.sim.execution import DeviceClock, Execution
-
-    q = SimpleNamespace(kernels=deque([[1.5e-6, 8], [10.0, 8]]), completed=0, resident_waves=8,
-                        sync_progress=lambda at_ns=None: None)
-    execution = Execution.__new__(Execution)
-    execution.busy = {id(q): (q, None)}
-    clock = DeviceClock(1, 800)
-    clock.running = [q]
-    start = 17_600_000_000_000.0      # ~4.9 h of CLOCK_MONOTONIC in ns: floats step 0.0039 ns here
-    clock.last_ns = start
-    execution._catch_up(clock, start + 5_000)         # 5 µs later: the first kernel is long done
-    assert q.completed == 1 and q.kernels[0][0] == pytest.approx(5.0, abs=1e-3)

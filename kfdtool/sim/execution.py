@@ -1,26 +1,53 @@
-"""The simulated GPU executes work in time: kernels rung into AQL queues run, share their device,
-stop while their queue is unmapped and complete at a computed moment.
+"""The simulated GPU executes work in time: kernels rung into AQL queues occupy the device's wave
+slots, wait for slots when the device is full, stop while their queue is unmapped and complete at
+a computed moment.
 
-What is modelled:
-- A queue runs its packets in order (an AQL queue's packet processor); only its head kernel runs.
-  A kernel is (work_us, waves): its duration with the device to itself, and the wave slots it
-  occupies.
-- The heads of every runnable queue of a device run at once. SHARING IS AN ESTIMATE (no source
-  describes how the CP firmware and the SPI share a device between queues): while the heads'
-  waves fit the device's wave slots (timing.max_waves) each runs at full speed; beyond that every
-  head progresses at capacity / total waves. A kernel wider than the device counts as the device's
-  width, so alone it runs at full speed. Queue priority and CU masks are not modelled.
+The model: wave slots, filled by dispatch and freed only when waves retire or are saved.
+- A queue runs its packets in order (an AQL queue's packet processor) and only its head kernel
+  dispatches: the next kernel starts once the head has completed (the barrier bit HIP sets).
+  A kernel is (work_us, waves): its duration with the device to itself, and its wave count.
+- A device has `capacity` wave slots (timing.max_waves: CUs x 40). A kernel runs in
+  rounds = ceil(min(waves, capacity * max(1, floor(work_us / MIN_WAVE_US))) / capacity)
+  and each of its waves lasts work_us / rounds, so alone it takes exactly work_us. That is
+  ceil(waves / capacity) rounds, except that a modelled wave lasts at least MIN_WAVE_US (or the
+  whole kernel, if shorter): a kernel of more, shorter waves is modelled as fewer, longer ones.
+  A bound on the events per simulated second (ESTIMATE where it applies: a kernel arriving then
+  may wait up to MIN_WAVE_US longer for a slot than on hardware).
+- Waves are dispatched onto free slots and keep them until they retire: a running wave is never
+  preempted, so a kernel that arrives while other waves fill the device waits for them to retire,
+  then competes for the slots they free. SOURCED: ROCm HIP docs, "Hardware Implementation"
+  (docs/understand/hardware_implementation.rst): blocks are scheduled onto CUs, and a block the
+  CU has no room for waits until other blocks finish. A kernel completes when its last wave retires.
+- Free slots go to the runnable queues' heads that want them, round-robin (equal shares, the
+  remainder one wave each from a rotating start). ESTIMATE: the SPI's arbitration between queues
+  is not documented. Queue priority is not modelled: the MQD carries it (kfd_mqd_manager_v9.c:
+  set_priority writes cp_hqd_pipe_priority / cp_hqd_queue_priority) but no source says how the
+  SPI uses it. Also ESTIMATE: all waves of a kernel last equally long; waves, not workgroups,
+  are dispatched; CU masks are not modelled.
 - A queue runs while it is active (QUEUE_IS_ACTIVE: not suspended, not evicted, percent > 0,
-  mapped) and its device is not stalled by an HWS remap (TimingModel.settle calls `stall`). A
-  queue that stops keeps the remaining work of its head kernel (CWSR saved its waves; without CWSR
-  the timing model charges the drain) and goes on from there when it runs again. The running
-  kernel's waves are the queue's resident_waves, which the save/restore cost model charges.
-- A queue that is destroyed, or whose process exits, drops its work.
+  mapped). When it stops, with CWSR enabled its resident waves are saved at once (their slots
+  free) and, when it runs again, restored with the time they had left before any new wave of that
+  queue dispatches; without CWSR they run on to completion (drain) while no new wave dispatches.
+  SOURCED: kfd_device_queue_manager.c: update_queue / evict_process_queues_nocpsch preempt with
+  KFD_PREEMPT_TYPE_WAVEFRONT_SAVE when cwsr_enabled, else _DRAIN; kfd_mqd_manager_v9.c: init_mqd
+  programs the context save area only with CWSR. The save/restore itself costs time in the timing
+  model (timing.py), which charges it as an HWS stall (below); the restore's order (saved waves
+  first) follows from the saved control stack being replayed when the queue is mapped again.
+- An HWS unmap+map (TimingModel.settle calls `stall`): kfd_device_queue_manager.c:
+  execute_queues_cpsch unmaps every dynamic queue of the device (unmap_queues_cpsch with
+  KFD_UNMAP_QUEUES_FILTER_DYNAMIC_QUEUES), so for the stall's length nothing new dispatches and,
+  with CWSR, every resident wave of the device is saved and restored: it makes no progress. Without
+  CWSR the waves drain meanwhile (the timing model charges that drain as its 1 ms ESTIMATE).
+- A queue's resident_waves is its waves on slots (what the timing model's save costs charge).
+- A queue that is destroyed, or whose process exits, drops its work and its slots free at once.
 
-Time is real (time.monotonic_ns), as in the rest of the server. Nothing is polled: the rates of a
-device change only when its set of running heads does, and the state in between is caught up
-exactly, piece by piece, when someone looks (a doorbell, a query, a state change). The server
-wakes for the moment a waiter's count is reached (`projected_done_ns`), through `WakeTimer`.
+Waves are tracked in cohorts: the waves of one queue dispatched at one instant share an end and
+retire together, so a kernel of millions of waves on thousands of slots costs a few events per
+round, not one per wave. Time is real (time.monotonic_ns), as in the rest of the server. Nothing
+is polled: the state is caught up exactly, event by event, when someone looks (a doorbell, a query,
+a state change), under the plan (which queues run) that held until then. The server wakes for the
+moment a waiter's count is reached (`projected_done_ns`, replaying the same events on a copy),
+through `WakeTimer`.
 """
 import ctypes
 import math
@@ -31,32 +58,222 @@ from .timing import max_waves
 AQL_PACKET_BYTES = 64          # hsa_kernel_dispatch_packet_t: a ring holds ring_size / 64 packets
 MAX_WORK_US = 600e6            # a kernel of more than 10 minutes is a mistake, not a workload
 MAX_WAVES = 1 << 24
-DONE_EPSILON_US = 1e-6         # float residue below which a kernel counts as finished
+# The shortest modelled wave: about the server's own round trip (~0.1 ms), below which a shorter
+# wave could not be observed anyway. A modelling bound (see above), not a hardware fact.
+MIN_WAVE_US = 100.0
+
+
+class Lane:
+    """One queue's work on its device: the dispatch state of its head kernel. The kernels stay in
+    q.kernels, which only the Execution changes (so a projection can replay a copy of the lane).
+    Cohorts are [waves, end_ns] on slots; saved cohorts [waves, ns left] (CWSR)."""
+
+    __slots__ = ("q", "proc", "runnable", "retired", "has_head", "wave_ns", "undispatched",
+                 "cohorts", "resident", "saved", "saved_waves")
+
+    def __init__(self, q, proc, runnable):
+        self.q, self.proc, self.runnable = q, proc, runnable
+        self.retired = 0                # kernels completed and not yet taken off q.kernels
+        self.has_head = False
+        self.wave_ns = 0
+        self.undispatched = 0           # head waves not yet dispatched
+        self.cohorts = []
+        self.resident = 0               # waves on slots
+        self.saved = []
+        self.saved_waves = 0
+
+    def copy(self):
+        twin = Lane(self.q, self.proc, self.runnable)
+        twin.retired, twin.has_head, twin.wave_ns, twin.undispatched = (
+            self.retired, self.has_head, self.wave_ns, self.undispatched)
+        twin.cohorts = [c[:] for c in self.cohorts]
+        twin.resident = self.resident
+        twin.saved = [s[:] for s in self.saved]
+        twin.saved_waves = self.saved_waves
+        return twin
+
+    @property
+    def wants(self):
+        """Slots the head would take now: its saved waves, then its waves not yet dispatched."""
+        return self.saved_waves + self.undispatched if self.runnable else 0
+
+    def start_waves(self, n, at_ns):
+        """Put `n` (at most `wants`) waves on slots at `at_ns`: saved ones first (CWSR restores a
+        queue's waves before its packet processor dispatches more)."""
+        self.resident += n
+        while n and self.saved:
+            waves, left_ns = self.saved[-1]
+            take = min(waves, n)
+            self.cohorts.append([take, at_ns + left_ns])
+            if take == waves:
+                self.saved.pop()
+            else:
+                self.saved[-1][0] -= take
+            self.saved_waves -= take
+            n -= take
+        if n:
+            self.undispatched -= n
+            self.cohorts.append([n, at_ns + self.wave_ns])
 
 
 class DeviceClock:
-    """One device's execution state: which queues' heads run since `last_ns`, and until when an
-    HWS remap stalls it."""
+    """One device's wave slots and the lanes of its queues with work, accounted up to `last_ns`."""
 
-    def __init__(self, gpu_id, capacity):
+    def __init__(self, gpu_id, capacity, saves_waves):
         self.gpu_id = gpu_id
         self.capacity = capacity        # wave slots (timing.max_waves)
-        self.running = []               # queues whose head kernel runs, as of the last plan
-        self.last_ns = 0                # work is accounted up to here
-        self.stalled_until_ns = 0
+        self.saves_waves = saves_waves  # CWSR enabled: a stop or an HWS stall saves waves instead of draining
+        self.free = capacity
+        self.lanes = {}                 # id(q) -> Lane, in the order the queues got work
+        self.last_ns = 0                # events are accounted up to here
+        self.stalled_until_ns = 0       # an HWS remap holds the device until then
+        self.turn = 0                   # where the round-robin remainder starts
         self.epoch = 0                  # bumped whenever a projection of completions changes
 
-    def speed(self, heads_waves):
-        """Fraction of full speed each head runs at (the ESTIMATE above)."""
-        demand = sum(min(w, self.capacity) for w in heads_waves)
-        return 1.0 if demand <= self.capacity else self.capacity / demand
+    def copy(self):
+        twin = DeviceClock(self.gpu_id, self.capacity, self.saves_waves)
+        twin.free, twin.last_ns, twin.stalled_until_ns, twin.turn = (
+            self.free, self.last_ns, self.stalled_until_ns, self.turn)
+        twin.lanes = {key: lane.copy() for key, lane in self.lanes.items()}
+        return twin
+
+    # --- the plan changes (at the clock's last_ns) ------------------------------------------------
+    def add_lane(self, q, proc, runnable):
+        lane = self.lanes[id(q)] = Lane(q, proc, runnable)
+        self.load_head(lane)
+        return lane
+
+    def load_head(self, lane):
+        """The kernel after the `retired` ones becomes the lane's head (AQL order)."""
+        kernels = lane.q.kernels
+        lane.has_head = lane.retired < len(kernels)
+        if not lane.has_head:
+            return
+        work_us, waves = kernels[lane.retired]
+        modelled = min(waves, self.capacity * max(1, int(work_us // MIN_WAVE_US)))
+        rounds = -(-modelled // self.capacity)
+        lane.wave_ns = max(1, round(work_us * 1e3 / rounds))
+        lane.undispatched = modelled
+
+    def stop(self, lane, now_ns):
+        """The lane's queue stopped running at `now_ns`. With CWSR its waves are saved, keeping the
+        time they had left (during an HWS stall, from the stall's end: they were frozen); without
+        CWSR they drain (stay on their slots until they retire)."""
+        lane.runnable = False
+        if not self.saves_waves or not lane.cohorts:
+            return
+        frozen_from = max(now_ns, self.stalled_until_ns)
+        lane.saved.extend([waves, end_ns - frozen_from] for waves, end_ns in lane.cohorts)
+        lane.saved_waves += lane.resident
+        self.free += lane.resident
+        lane.cohorts, lane.resident = [], 0
+
+    def drop(self, lane):
+        """A destroyed queue: its waves leave their slots at once."""
+        self.free += lane.resident
+        del self.lanes[id(lane.q)]
+
+    def stall(self, now_ns, seconds):
+        """An HWS unmap+map from now (or from the end of one still under way: the DQM lock
+        serialises them): nothing dispatches meanwhile and, with CWSR, every resident wave of the
+        device is saved and restored, so its end moves by the stall's length."""
+        length_ns = int(seconds * 1e9)
+        if self.saves_waves:
+            for lane in self.lanes.values():
+                for cohort in lane.cohorts:
+                    cohort[1] += length_ns
+        self.stalled_until_ns = max(self.stalled_until_ns, now_ns) + length_ns
+
+    # --- events -------------------------------------------------------------------------------------
+    def next_event_ns(self):
+        """The next moment something happens: waves retire, or an HWS stall ends (dispatch resumes)."""
+        ends = [end for lane in self.lanes.values() for _waves, end in lane.cohorts]
+        if self.stalled_until_ns > self.last_ns:
+            ends.append(self.stalled_until_ns)
+        return min(ends) if ends else None
+
+    def advance(self, until_ns, target=None, count=0):
+        """Play the events up to `until_ns`. With a `target` lane: stop, and return the moment, once
+        it has retired `count` kernels; None if it never will under this plan."""
+        while True:
+            if target is not None and not target.runnable and not target.cohorts:
+                return None                   # stopped and nothing left on slots: no progress
+            at_ns = self.next_event_ns()
+            if at_ns is None or at_ns > until_ns:
+                break
+            self.last_ns = at_ns
+            self.retire(at_ns)
+            self.dispatch(at_ns)
+            if target is not None and target.retired >= count:
+                return at_ns
+        self.last_ns = max(self.last_ns, until_ns)
+        return None
+
+    def retire(self, at_ns):
+        """Waves whose end has come leave their slots; a head whose last wave left completes and
+        the next kernel of its queue becomes the head."""
+        for lane in self.lanes.values():
+            if not lane.cohorts or min(end for _waves, end in lane.cohorts) > at_ns:
+                continue
+            still = [cohort for cohort in lane.cohorts if cohort[1] > at_ns]
+            left = sum(waves for waves, _end in still)
+            self.free += lane.resident - left
+            lane.cohorts, lane.resident = still, left
+            if not left and not lane.undispatched and not lane.saved_waves:
+                lane.retired += 1
+                self.load_head(lane)
+
+    def dispatch(self, at_ns):
+        """Free slots go to the heads that want them. True if any wave was dispatched."""
+        if at_ns < self.stalled_until_ns or not self.free:
+            return False
+        wanting = [lane for lane in self.lanes.values() if lane.wants]
+        if not wanting:
+            return False
+        grants = share_round_robin(self.free, [lane.wants for lane in wanting], self.turn)
+        self.turn += 1
+        for lane, n in zip(wanting, grants):
+            if n:
+                lane.start_waves(n, at_ns)
+                self.free -= n
+        return True
+
+    def head_remaining_us(self, lane, now_ns):
+        """How long the lane's head kernel still needs with the device to itself: its waves in
+        flight or saved, then its rounds not yet dispatched."""
+        if not lane.has_head:
+            return 0.0
+        frozen_from = max(now_ns, self.stalled_until_ns) if self.saves_waves else now_ns
+        in_flight = [end - frozen_from for _waves, end in lane.cohorts] + [left for _waves, left in lane.saved]
+        rounds_left = -(-lane.undispatched // self.capacity)
+        return (max(in_flight, default=0) + rounds_left * lane.wave_ns) / 1e3
+
+
+def share_round_robin(free, wants, turn):
+    """Split `free` slots among heads wanting `wants`, as dealing one wave at a time round-robin
+    would: equal shares, no head more than it wants, the remainder one each from index `turn`."""
+    grants = [0] * len(wants)
+    open_ = [i for i, want in enumerate(wants) if want]
+    while free and open_:
+        each = free // len(open_)
+        if not each:
+            start = turn % len(open_)
+            for i in (open_[start:] + open_[:start])[:free]:
+                grants[i] += 1
+            break
+        for i in open_:
+            take = min(each, wants[i] - grants[i])
+            grants[i] += take
+            free -= take
+        open_ = [i for i in open_ if grants[i] < wants[i]]
+    return grants
 
 
 class Execution:
     def __init__(self, kfd):
         self.kfd = kfd
-        self.clocks = {gpu: DeviceClock(gpu, max_waves(dev.node)) for gpu, dev in kfd.devices.items()}
-        self.busy = {}                  # id(queue) -> (queue, process): queues with unfinished kernels
+        self.clocks = {gpu: DeviceClock(gpu, max_waves(dev.node), dev.cwsr_enabled)
+                       for gpu, dev in kfd.devices.items()}
 
     # --- dispatch and completion ------------------------------------------------------------------
     def dispatch(self, proc, q, kernels, now_ns):
@@ -76,133 +293,105 @@ class Execution:
                 raise ValueError(f"work_us must be a number in (0, {MAX_WORK_US:g}], got {work_us!r:.40}")
             if isinstance(waves, bool) or not isinstance(waves, int) or not 0 < waves <= MAX_WAVES:
                 raise ValueError(f"waves must be an integer in [1, {MAX_WAVES}], got {waves!r:.40}")
-            checked.append([float(work_us), waves])
+            checked.append((float(work_us), waves))
         clock = self.clocks[q.gpu_id]
-        self._catch_up(clock, now_ns)
+        self.catch_up(q.gpu_id, now_ns)
         room = q.ring_size // AQL_PACKET_BYTES - len(q.kernels)
         if len(checked) > room:
             raise ValueError(f"queue {q.qid}'s ring holds {q.ring_size // AQL_PACKET_BYTES} packets and "
                              f"{len(q.kernels)} are outstanding: no room for {len(checked)} more")
-        was_idle = not q.kernels
         q.kernels.extend(checked)
         q.dispatched += len(checked)
-        self.busy[id(q)] = (q, proc)
-        if was_idle:
-            self._set_resident_waves(q, clock, now_ns)
+        if id(q) not in clock.lanes:
+            clock.add_lane(q, proc, q.is_active)
         clock.epoch += 1
         self.replan(now_ns)
         return q.dispatched
 
     def completed(self, q, now_ns):
         """`q`'s completed count, caught up to now."""
-        clock = self.clocks.get(q.gpu_id)
-        if clock is not None:
-            self._catch_up(clock, now_ns)
+        if q.gpu_id in self.clocks:
+            self.catch_up(q.gpu_id, now_ns)
         return q.completed
 
+    def head_remaining_us(self, q, now_ns):
+        """How long `q`'s head kernel still needs with its device to itself (0 when idle)."""
+        clock = self.clocks.get(q.gpu_id)
+        lane = clock.lanes.get(id(q)) if clock is not None else None
+        if lane is None:
+            return 0.0
+        self.catch_up(q.gpu_id, now_ns)
+        return clock.head_remaining_us(lane, now_ns)
+
     def stall(self, gpu_id, seconds, now_ns):
-        """An HWS unmap+map: no queue of the device progresses for `seconds`, from now or from
-        the end of a remap still under way (the DQM lock serialises them)."""
+        """An HWS unmap+map of the device for `seconds` (TimingModel.settle)."""
         clock = self.clocks[gpu_id]
-        self._catch_up(clock, now_ns)
-        clock.stalled_until_ns = max(clock.stalled_until_ns, now_ns) + int(seconds * 1e9)
+        self.catch_up(gpu_id, now_ns)
+        clock.stall(now_ns, seconds)
         clock.epoch += 1
+
+    def catch_up(self, gpu_id, now_ns):
+        """Play the device's events up to `now_ns` under its plan and record them in its queues."""
+        clock = self.clocks[gpu_id]
+        clock.advance(now_ns)
+        for lane in list(clock.lanes.values()):
+            self._record(clock, lane, now_ns)
 
     def replan(self, now_ns):
         """After anything that may have changed which queues run (every request the server
-        handles): catch each busy device up under its previous plan, drop the work of queues that
-        are gone, and take the new set of running heads where it changed."""
-        busy_gpus = {q.gpu_id for q, _proc in self.busy.values()}
+        handles): catch each device up under its previous plan, drop the work of queues that are
+        gone, stop or restart the lanes whose queue stopped or became active, and hand out the
+        slots that this frees."""
         for gpu_id, clock in self.clocks.items():
-            if gpu_id in busy_gpus or clock.running:
-                self._catch_up(clock, now_ns)     # under the plan that held until this change
-        for key in [key for key, (q, proc) in self.busy.items() if not _exists(q, proc)]:
-            q, _proc = self.busy.pop(key)
-            q.kernels.clear()                     # a destroyed queue's packets never run
-        runnable = {}
-        for q, _proc in self.busy.values():
-            if q.is_active:
-                runnable.setdefault(q.gpu_id, []).append(q)
-        for gpu_id, clock in self.clocks.items():
-            running = runnable.get(gpu_id, [])
-            if {id(q) for q in running} != {id(q) for q in clock.running}:
-                clock.running = running
-                clock.epoch += 1
-
-    # --- time ---------------------------------------------------------------------------------------
-    def _catch_up(self, clock, now_ns):
-        """Account the work done on `clock`'s device up to `now_ns` under its plan, completing
-        kernels at the moments they finished (which changes the rates from there on)."""
-        t = max(clock.last_ns, clock.stalled_until_ns)
-        while clock.running and t < now_ns:
-            rate = clock.speed(q.kernels[0][1] for q in clock.running)
-            first_us = min(q.kernels[0][0] for q in clock.running)     # work left of the first to finish
-            end = t + first_us / rate * 1e3
-            if end > now_ns:
-                worked_us = (now_ns - t) / 1e3 * rate
-                for q in clock.running:
-                    q.kernels[0][0] -= worked_us
-                break
-            # The first heads finish at `end`. Subtracting the very value that is their minimum
-            # leaves them at exactly 0, so they retire even where `end` rounds to `t` (ns since boot
-            # as a float resolve ~0.002 ns): every turn of this loop retires a kernel.
-            for q in clock.running:
-                q.kernels[0][0] -= first_us
-            t = end
-            self._retire_heads(clock, int(t))
-        clock.last_ns = max(clock.last_ns, now_ns)
-
-    def _retire_heads(self, clock, at_ns):
-        still = []
-        for q in clock.running:
-            if q.kernels[0][0] <= DONE_EPSILON_US:
-                q.kernels.popleft()
-                q.completed += 1
-                self._set_resident_waves(q, clock, at_ns)
-                if not q.kernels:
-                    self.busy.pop(id(q), None)
+            if not clock.lanes and clock.stalled_until_ns <= clock.last_ns:
+                continue
+            clock.advance(now_ns)
+            changed = False
+            for lane in list(clock.lanes.values()):
+                if not _exists(lane.q, lane.proc):
+                    clock.drop(lane)
+                    lane.q.kernels.clear()        # a destroyed queue's packets never run
+                    lane.q.resident_waves = 0
+                    changed = True
                     continue
-            still.append(q)
-        clock.running = still
+                active = lane.q.is_active
+                if active != lane.runnable:
+                    if active:
+                        lane.runnable = True
+                    else:
+                        clock.stop(lane, now_ns)
+                    changed = True
+            if clock.dispatch(now_ns) or changed:
+                clock.epoch += 1
+            for lane in list(clock.lanes.values()):
+                self._record(clock, lane, now_ns)
 
-    def _set_resident_waves(self, q, clock, at_ns):
-        """The waves of the kernel at the queue's head: what CWSR saves when it is preempted."""
-        q.sync_progress(at_ns)
-        q.resident_waves = min(q.kernels[0][1], clock.capacity) if q.kernels else 0
-        q.sync_progress(at_ns)
+    def _record(self, clock, lane, now_ns):
+        """Write a lane's progress into its queue: completed kernels leave the ring, resident_waves
+        is what is on slots now; an idle queue leaves the device's lanes."""
+        q = lane.q
+        if lane.retired:
+            for _ in range(lane.retired):
+                q.kernels.popleft()
+            q.completed += lane.retired
+            lane.retired = 0
+        if q.resident_waves != lane.resident:
+            q.sync_progress(now_ns)
+            q.resident_waves = lane.resident
+            q.sync_progress(now_ns)
+        if not lane.has_head:
+            del clock.lanes[id(q)]
 
     def projected_done_ns(self, q, count):
-        """When `q` will have completed `count` kernels if nothing changes meanwhile (the device's
-        plan runs on); None if it will not (the queue does not run)."""
+        """When `q` will have completed `count` kernels if nothing changes meanwhile (the events
+        of the device's plan replayed on a copy); None if it will not (the queue does not run)."""
         if q.completed >= count:
             return 0
         clock = self.clocks[q.gpu_id]
-        if not any(r is q for r in clock.running):
+        if id(q) not in clock.lanes:
             return None
-        t = max(clock.last_ns, clock.stalled_until_ns)
-        # per running queue: [remaining of its head, iterator over the kernels after it, completed]
-        lanes = []
-        for r in clock.running:
-            rest = iter(r.kernels)
-            head = next(rest)
-            lanes.append([head[0], head[1], rest, r.completed, r])
-        while True:
-            rate = clock.speed(lane[1] for lane in lanes)
-            first_us = min(lane[0] for lane in lanes)      # exact 0 for the first to finish (see _catch_up)
-            t += first_us / rate * 1e3
-            next_lanes = []
-            for lane in lanes:
-                lane[0] -= first_us
-                if lane[0] <= DONE_EPSILON_US:
-                    lane[3] += 1
-                    if lane[4] is q and lane[3] >= count:
-                        return int(math.ceil(t))
-                    following = next(lane[2], None)
-                    if following is None:
-                        continue
-                    lane[0], lane[1] = following
-                next_lanes.append(lane)
-            lanes = next_lanes
+        twin = clock.copy()
+        return twin.advance(math.inf, twin.lanes[id(q)], count - q.completed)
 
 
 def _exists(q, proc):

@@ -135,6 +135,7 @@ class SimServer(ConnectionLoop):
         self.kfd.smi.on_close = self._forget
         self.execution = Execution(self.kfd)
         self.kfd.timing.on_stall = self.execution.stall
+        self.kfd.timing.catch_up = self.execution.catch_up
         self.wake = WakeTimer()         # fires when a waited-on kernel completes
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
@@ -588,7 +589,7 @@ class SimServer(ConnectionLoop):
                         "evicted": q.is_evicted, "percent": q.percent, "progress_ns": q.progress_ns,
                         "resident_waves": q.resident_waves, "saved_wave_bytes": q.saved_wave_bytes,
                         "dispatched": q.dispatched, "completed": q.completed,
-                        "head_remaining_us": q.kernels[0][0] if q.kernels else 0.0,
+                        "head_remaining_us": self.execution.head_remaining_us(q, now),
                         "ring_base": q.ring_base, "ring_size": q.ring_size,
                         "debugger": proc.debugger.pid if proc.debugger else None})
         return {"queues": out}

@@ -36,7 +36,7 @@ class SimQueue:
     saved_ctl_stack_bytes: int = 0
     saved_wave_bytes: int = 0
     # execution model (execution.py): AQL packets rung in and not yet retired, in ring order, each
-    # [work_us still to do at full speed, waves]; how many were dispatched and completed (the
+    # (work_us with the device to itself, waves); how many were dispatched and completed (the
     # values a completion signal would carry)
     kernels: collections.deque = field(default_factory=collections.deque)
     dispatched: int = 0

@@ -62,6 +62,7 @@ class TimingModel:
         self.pending_devices = set()      # devices whose queues were unmapped by this request
         self.last = PreemptCost()
         self.on_stall = None              # (gpu_id, seconds, now_ns): the execution model's stall
+        self.catch_up = None              # (gpu_id, now_ns): the execution model brings resident_waves to now
 
     # --- per-device facts -------------------------------------------------------------------------
     def grace_seconds(self, dev, grace_period):
@@ -84,6 +85,8 @@ class TimingModel:
     def save_waves(self, dev, q, grace_period):
         """Waves still resident after the grace period are saved to the CWSR area (or drained
         when CWSR is off). Waves finish at a steady rate, so the grace period drains a share."""
+        if self.catch_up is not None:     # the waves on slots at this moment, not at the last look
+            self.catch_up(dev.gpu_id, time.monotonic_ns())
         grace = self.grace_seconds(dev, grace_period)
         self.pending.grace_s = max(self.pending.grace_s, grace)
         waves = q.resident_waves
