@@ -15,9 +15,10 @@ runtime, no scheduler imports) run kernels on one simulated GPU: a latency-criti
                        `xsched-lv3 attach --pid P` (no scheduler inside them): should match lv3
 
 What is simulated (kfdtool/sim): kernels' GPU time and how kernels of several queues share a GPU
-(ESTIMATE: side by side while their waves fit, shared beyond), DBG_TRAP suspend/resume with the
-kernel's semantics, and their cost from the timing model (HWS unmap+map of the whole device, CWSR
-save/restore at the partition's share of HBM bandwidth: ESTIMATE constants in kfdtool/sim/timing.py).
+(wave slots: a kernel waits for running waves to retire; ESTIMATE: round-robin dispatch), DBG_TRAP
+suspend/resume with the kernel's semantics (CWSR saves the waves and frees their slots), and their cost
+from the timing model (HWS unmap+map of the whole device, CWSR save/restore at the partition's share of
+HBM bandwidth: ESTIMATE constants in kfdtool/sim/timing.py).
 CPU costs are real: every launch is a round trip to the simulator's server (~0.1 ms), so the
 programs here are launch-heavy Python, and the host's CPU count matters.
 

@@ -145,7 +145,7 @@ def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
 
 def test_a_kernel_arriving_on_a_full_device_waits_for_the_running_waves(hip):
     """Head-of-line blocking through the server: one round of 60 ms waves fills device 23; a 1 ms
-    kernel rung just after gets no slot until they retire (with processor sharing it took ~2 ms)."""
+    kernel rung just after gets no slot until they retire."""
     batch, service = hip.stream(device=23), hip.stream(device=23)
     hip.launch(batch, work_us=60_000, waves=slots(hip, 23))
     t0 = time.monotonic()
