@@ -28,11 +28,12 @@ The model: wave slots, filled by dispatch and freed only when waves retire or ar
   mapped). When it stops, with CWSR enabled its resident waves are saved at once (their slots
   free) and, when it runs again, restored with the time they had left before any new wave of that
   queue dispatches; without CWSR they run on to completion (drain) while no new wave dispatches.
-  SOURCED: kfd_device_queue_manager.c: update_queue / evict_process_queues_nocpsch preempt with
-  KFD_PREEMPT_TYPE_WAVEFRONT_SAVE when cwsr_enabled, else _DRAIN; kfd_mqd_manager_v9.c: init_mqd
-  programs the context save area only with CWSR. The save/restore itself costs time in the timing
-  model (timing.py), which charges it as an HWS stall (below); the restore's order (saved waves
-  first) follows from the saved control stack being replayed when the queue is mapped again.
+  SOURCED: kfd_device_queue_manager.c: update_queue / evict_process_queues_nocpsch (no HWS)
+  preempt with KFD_PREEMPT_TYPE_WAVEFRONT_SAVE when cwsr_enabled, else _DRAIN; under HWS the CP
+  saves when the MQD has a save area, which kfd_mqd_manager_v9.c: init_mqd programs only with CWSR
+  (the firmware is closed). The save/restore costs time in the timing model (timing.py), charged
+  as an HWS stall (below). ESTIMATE: the saved waves come back before any new wave of the queue
+  (the CP reloads the saved context when it maps the queue again) and need free slots like any.
 - An HWS unmap+map (TimingModel.settle calls `stall`): kfd_device_queue_manager.c:
   execute_queues_cpsch unmaps every dynamic queue of the device (unmap_queues_cpsch with
   KFD_UNMAP_QUEUES_FILTER_DYNAMIC_QUEUES), so for the stall's length nothing new dispatches and,
