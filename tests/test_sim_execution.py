@@ -178,6 +178,28 @@ def test_a_queue_suspended_by_another_process_keeps_its_work_and_finishes_after_
         kfd.close()
 
 
+def test_suspending_the_queue_that_fills_the_device_lets_a_waiting_kernel_run(sim, hip, workers):
+    """Lv3's premise: a kernel waiting behind another process's waves runs as soon as that queue is
+    suspended (CWSR saves its waves and frees their slots), not when they would have retired."""
+    worker = workers(device=24, work_us=300_000, waves=slots(hip, 24))     # one round of 300 ms waves
+    s = hip.stream(device=24)
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, worker.pid) as mech:
+            hip.launch(s, work_us=1_000, waves=8)
+            event = hip.record(s)
+            time.sleep(0.02)
+            assert not hip.query(event)                 # no free slot: it waits
+            t0 = time.monotonic()
+            assert [o.outcome for o in mech.suspend([worker.qid]).outcomes] == ["suspended"]
+            hip.synchronize(event)
+            assert time.monotonic() - t0 < 0.1          # ~1 ms of work once the slots were free
+            mech.resume([worker.qid])
+        assert 0.3 <= worker.line()["done_s"] < 1.5      # the batch kernel lost no work
+    finally:
+        kfd.close()
+
+
 def test_an_evicted_process_makes_no_progress_and_finishes_after_restore(sim, workers):
     worker = workers(device=13, work_us=60_000)
     with sim.control() as ctl:
