@@ -265,21 +265,25 @@ def disk_machine_dir(monkeypatch, tmp_path):
     return disk / "mi210"
 
 
+def build(machine_dir, preset="mi210", abi="1.23"):
+    """What `kfdtool sim start` does to a machine directory before serving it: place, then build."""
+    return machine.materialize(preset, runner.place_sysfs_tree(machine_dir), machine.PROFILES[abi])
+
+
 def test_a_machine_on_a_disk_keeps_its_tree_in_memory_with_the_same_content(disk_machine_dir, memory_tmp):
     """sys/ of a machine directory on a disk is a link into the memory filesystem; through it the
     tree is the one built in place, and a restart keeps it (same inode) as it keeps one in place."""
-    profile = machine.PROFILES["1.23"]
     disk_machine_dir.mkdir()
-    topo = runner.sysfs_tree(disk_machine_dir, "mi210", profile)
+    topo = build(disk_machine_dir)
     sys_dir = disk_machine_dir / "sys"
     assert sys_dir.is_symlink()
     target = Path(os.readlink(sys_dir))
     assert str(target).startswith(os.environ["XDG_RUNTIME_DIR"]) and target.is_dir()
-    machine.materialize("mi210", memory_tmp / "in-place", profile)
+    machine.materialize("mi210", memory_tmp / "in-place", machine.PROFILES["1.23"])
     assert tree_digest(sys_dir) == tree_digest(memory_tmp / "in-place") == EXPECTED_TREES["mi210", "1.23"]
     props = next(topo.glob("nodes/*/properties"))
     inode = props.stat().st_ino
-    runner.sysfs_tree(disk_machine_dir, "mi210", profile)
+    build(disk_machine_dir)
     assert props.stat().st_ino == inode and os.readlink(sys_dir) == str(target)
 
 
@@ -287,38 +291,37 @@ def test_a_tree_already_built_in_a_disk_directory_stays_there(disk_machine_dir):
     disk_machine_dir.mkdir()
     topo = machine.materialize("mi210", disk_machine_dir / "sys", machine.PROFILES["1.23"])
     inode = next(topo.glob("nodes/*/properties")).stat().st_ino
-    runner.sysfs_tree(disk_machine_dir, "mi210", machine.PROFILES["1.23"])
+    build(disk_machine_dir)
     assert not (disk_machine_dir / "sys").is_symlink()
     assert next(topo.glob("nodes/*/properties")).stat().st_ino == inode
 
 
 def test_a_full_memory_filesystem_means_the_tree_is_built_on_disk(disk_machine_dir, monkeypatch):
-    """ENOSPC while building in memory (a small /dev/shm in a container): the link and the partial
-    tree go, and the tree is built in the machine directory."""
+    """ENOSPC while writing through the link (a small /dev/shm in a container): the link goes and
+    the tree is built in the machine directory, complete."""
     import errno
-    real = runner.materialize
+    memory = os.environ["XDG_RUNTIME_DIR"]
+    real_extract = machine.extract_capture
 
-    def memory_full(preset, root, profile, parameters=None):
-        if Path(root).is_symlink():
+    def memory_full(capture, dest):
+        if os.path.realpath(dest).startswith(memory):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(preset, root, profile, parameters)
-    monkeypatch.setattr(runner, "materialize", memory_full)
+        return real_extract(capture, dest)
+    monkeypatch.setattr(machine, "extract_capture", memory_full)
     disk_machine_dir.mkdir()
-    runner.sysfs_tree(disk_machine_dir, "mi210", machine.PROFILES["1.23"])
+    build(disk_machine_dir)
     assert not (disk_machine_dir / "sys").is_symlink()
     assert tree_digest(disk_machine_dir / "sys") == EXPECTED_TREES["mi210", "1.23"]
-    assert list((Path(os.environ["XDG_RUNTIME_DIR"]) / "kfdtool-sim" / runner.LINKED_TREES).iterdir()) == []
 
 
 def test_trees_no_machine_links_to_are_pruned_and_linked_ones_kept(disk_machine_dir, monkeypatch):
     """A machine directory deleted (a benchmark's or a test's) leaves its tree in memory; pruning
     removes it once it is older than the grace period, and never a tree a machine links to."""
     import shutil
-    profile = machine.PROFILES["1.23"]
     kept, deleted = disk_machine_dir, disk_machine_dir.with_name("deleted")
     for d in (kept, deleted):
         d.mkdir()
-        runner.sysfs_tree(d, "mi210", profile)
+        build(d)
     trees = Path(os.environ["XDG_RUNTIME_DIR"]) / "kfdtool-sim" / runner.LINKED_TREES
     deleted_tree = Path(os.readlink(deleted / "sys")).parent
     shutil.rmtree(deleted)

@@ -1,7 +1,6 @@
 """Start, find and stop simulated machines. State lives in $KFDTOOL_SIM_DIR/<name> (default: see
-default_base_dir()): the sysfs tree under sys/ (see sysfs_tree() for where it really lives), the
-socket kfd.sock, a log."""
-import errno
+default_base_dir()): the sysfs tree under sys/ (see place_sysfs_tree() for where it really
+lives), the socket kfd.sock, a log."""
 import hashlib
 import json
 import os
@@ -110,31 +109,27 @@ def _memory_home(sim_dir):
     return Path(os.path.abspath(memory)) / LINKED_TREES / key
 
 
-def sysfs_tree(sim_dir, preset, profile, parameters=None):
-    """Build (or keep) the sysfs tree of the machine in `sim_dir` at `sim_dir`/sys (machine.materialize).
+def place_sysfs_tree(sim_dir):
+    """Decide where the sysfs tree of the machine in `sim_dir` lives, before it is built
+    (machine.materialize at `sim_dir`/sys, by the server or static_tree). Returns `sim_dir`/sys.
 
     The kernel's sysfs lives in memory, and so does the simulated one: where `sim_dir` is on a disk
-    filesystem, sys is a link to a directory on the memory filesystem of default_base_dir(). On
-    a disk a first start is mostly creating the tree's inodes (5562 for mi308x, 8267 for
-    mi300x-cpx), each 30-450 us of kernel time on an ext4 without a journal, which skips every
-    free inode deleted in the last minutes one by one (fs/ext4/ialloc.c: find_inode_bit,
-    recently_deleted), against ~15 us on tmpfs. A tree already built in `sim_dir` is kept there;
-    without a memory filesystem, or where it is full, the tree is built in `sim_dir`.
-    Returns the topology directory."""
+    filesystem, sys is a link to a directory of its own on the memory filesystem of
+    default_base_dir(). On a disk a first start is mostly creating the tree's inodes (5562 for
+    mi308x, 8267 for mi300x-cpx), 30-450 us each of kernel time on this sandbox's ext4, which has
+    no journal and so skips every free inode deleted in the last minutes one by one
+    (fs/ext4/ialloc.c: find_inode_bit, recently_deleted), against 5-10 us on tmpfs. A tree
+    already built in `sim_dir` stays there, and so does one without a memory filesystem of the
+    user's own (or where it is full: machine.materialize)."""
     root = Path(sim_dir) / "sys"
-    home = None if _is_directory(root) else _memory_home(sim_dir)
+    if _is_directory(root):
+        return root
+    home = _memory_home(sim_dir)
     if home is not None:
-        try:
-            _link(root, home)
-            return materialize(preset, root, profile, parameters)
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-            root.unlink()                            # the memory filesystem is full: on disk then
-            shutil.rmtree(home, ignore_errors=True)
+        _link(root, home)
     elif root.is_symlink():
-        root.unlink()                                # a link of ours, but no memory filesystem now
-    return materialize(preset, root, profile, parameters)
+        root.unlink()                    # a link of ours, but no memory filesystem now: in place
+    return root
 
 
 def _is_directory(path):
@@ -248,6 +243,7 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
     (sim.dir / "ready").unlink(missing_ok=True)
+    place_sysfs_tree(sim.dir)
     cmd = [sys.executable, "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
     cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
     if not realtime:
@@ -289,7 +285,7 @@ def static_tree(name, abi="1.23"):
     profile = _known(find_profile, abi)
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
-    sysfs_tree(sim.dir, name, profile)                # kept from the last run where it is current
+    materialize(name, place_sysfs_tree(sim.dir), profile)      # kept from the last run where it is current
     info = {**sim.info, "preset": name, "abi": abi, "release": profile.release}
     (sim.dir / "machine.json").write_text(json.dumps(info))
     return sim

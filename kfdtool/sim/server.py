@@ -37,11 +37,10 @@ from ..ratelog import RateLimitedLog
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
-from .machine import DEFAULT_PARAMETERS, find_profile
+from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
 from .protocol import (LEN, MAX_FRAME_BYTES, REPLY, ProtocolError, frame, json_frame, pack_regions,
                        parse_control, parse_ioctl, parse_json_object)
-from .runner import sysfs_tree
 from .state import SimQueue
 from .timing import max_waves
 
@@ -127,7 +126,7 @@ class SimServer(ConnectionLoop):
         self.sysfs_root = self.dir / "sys"
         self.profile = find_profile(abi)
         self.params = {**DEFAULT_PARAMETERS, **(parameters or {})}
-        sysfs_tree(self.dir, preset, self.profile, self.params)     # sys/: a link to memory where dir is on a disk
+        materialize(preset, self.sysfs_root, self.profile, self.params)
         (self.dir / "machine.json").write_text(json.dumps(
             {"preset": preset, "abi": abi, "release": self.profile.release, "pid": os.getpid()}))
         self.kfd = SimKfd(self.sysfs_root, self.profile, self.params)
