@@ -110,7 +110,9 @@ def main():
         shutil.rmtree(state, ignore_errors=True)
     doc = {**provenance(), "target_s": TARGET_S, "restarts_per_preset": args.restarts,
            "state_dir": str(args.dir), "state_dir_filesystem": filesystem_of(args.dir),
-           "sysfs_tree_filesystem": "/".join(sorted(map(str, tree_filesystems))), "load_average_at_start": load_at_start,
+           "sysfs_tree_filesystem": "/".join(sorted(map(str, tree_filesystems))),
+           "xdg_runtime_dir": os.environ.get("XDG_RUNTIME_DIR"),     # where a tree on a disk links to
+           "load_average_at_start": load_at_start,
            "presets": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
