@@ -83,12 +83,14 @@ def filesystem_type(path):
         # proc(5): "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS",
         # spaces and backslashes in paths as octal escapes
         fields = line.split(" ")
-        if "-" not in fields[6:] or len(fields) < 5:
+        try:
+            mount_type = fields[fields.index("-", 6) + 1]
+        except (ValueError, IndexError):
             continue
         mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
         inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
         if inside and len(mount_point) >= best:     # a later mount on the same point hides the earlier
-            best, fstype = len(mount_point), fields[fields.index("-", 6) + 1]
+            best, fstype = len(mount_point), mount_type
     return fstype
 
 
@@ -116,7 +118,7 @@ def place_sysfs_tree(sim_dir):
     The kernel's sysfs lives in memory, and so does the simulated one: where `sim_dir` is on a disk
     filesystem, sys is a link to a directory of its own on the memory filesystem of
     default_base_dir(). On a disk a first start is mostly creating the tree's inodes (5562 for
-    mi308x, 8267 for mi300x-cpx), 30-450 us each of kernel time on this sandbox's ext4, which has
+    mi308x, 8267 for mi300x-cpx), 30-500 us each of kernel time on this sandbox's ext4, which has
     no journal and so skips every free inode deleted in the last minutes one by one
     (fs/ext4/ialloc.c: find_inode_bit, recently_deleted), against 5-10 us on tmpfs. A tree
     already built in `sim_dir` stays there, and so does one without a memory filesystem of the
@@ -155,8 +157,9 @@ def _link(root, home):
 
 
 def prune_linked_trees():
-    """Remove the memory trees no machine directory links to any more (it was deleted or moved),
-    so that machines kept on a disk do not leave their trees in memory. Called by stop()."""
+    """Remove the memory trees no machine directory links to any more (it was deleted or moved)
+    and older than PRUNE_GRACE_S, so that machines kept on a disk do not leave their trees in
+    memory. Called by stop()."""
     try:
         entries = list(os.scandir(default_base_dir() / LINKED_TREES))
     except OSError:
