@@ -202,3 +202,163 @@ def test_first_start_of_the_largest_capture_in_the_default_place(monkeypatch, me
         assert elapsed < 3.0, f"first start took {elapsed:.2f} s"
     finally:
         runner.stop("mi300x-cpx")
+
+
+# --- what a built tree contains ------------------------------------------------------------------------
+
+def tree_digest(root):
+    """sha256 over every entry under root but the stamp: its path, mode, and bytes if a file."""
+    import hashlib
+    digest = hashlib.sha256()
+    for dirpath, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == machine.TREE_STAMP:
+                continue
+            st = os.lstat(path)
+            digest.update(f"{rel}\0{st.st_mode:o}\0".encode())
+            if not os.path.isdir(path):
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+            digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+# The trees that `materialize` wrote at a73c6cb (before the start-time work on disk filesystems),
+# for the oldest and newest kernel profile: a change to how trees are built or placed must keep
+# every byte, name and mode of them, or say here why a tree changed.
+EXPECTED_TREES = {
+    ("mi308x", "1.11"): "b64ad791c8d5a5ae", ("mi308x", "1.23"): "b64ad791c8d5a5ae",
+    ("mi300x-cpx", "1.11"): "5b2b2ef3d17da406", ("mi300x-cpx", "1.23"): "5b2b2ef3d17da406",
+    ("mi210", "1.11"): "13ef7feec7a6d2b6", ("mi210", "1.23"): "13ef7feec7a6d2b6",
+    ("vega10", "1.11"): "d5a15413ec8cb81d", ("vega10", "1.23"): "d5a15413ec8cb81d",
+    ("composite", "1.11"): "7c37a97fa48612e0", ("composite", "1.23"): "c01f1d7e136a23d6",
+    ("mi300x", "1.11"): "37a62aea9ce4c1b6", ("mi300x", "1.23"): "2b80744b23bea118",
+}
+
+
+def test_every_preset_builds_the_tree_it_built_before(memory_tmp):
+    """Every preset's whole tree (capture, completed gpu_id / name / gfx_target_version, profile's
+    CWSR keys, empty proc/, module parameters) is byte-identical to the one the code wrote before."""
+    assert {preset for preset, _ in EXPECTED_TREES} == set(machine.PRESETS)
+    for (preset, abi), expected in EXPECTED_TREES.items():
+        root = memory_tmp / preset / abi
+        machine.materialize(preset, root, machine.PROFILES[abi])
+        assert tree_digest(root) == expected, (preset, abi)
+
+
+# --- a machine directory on a disk filesystem -----------------------------------------------------------
+
+@pytest.fixture
+def disk_machine_dir(monkeypatch, tmp_path):
+    """A machine directory that counts as on a disk filesystem and a default base directory that
+    counts as on a memory one, whatever filesystems this host's temporary directories are on."""
+    disk, memory = tmp_path / "disk", tmp_path / "memory"
+    disk.mkdir()
+    memory.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(memory))
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(disk))
+    monkeypatch.setattr(runner, "filesystem_type",
+                        lambda path: "tmpfs" if str(path).startswith(str(memory)) else "ext4")
+    return disk / "mi210"
+
+
+def build(machine_dir, preset="mi210", abi="1.23"):
+    """What `kfdtool sim start` does to a machine directory before serving it: place, then build."""
+    return machine.materialize(preset, runner.place_sysfs_tree(machine_dir), machine.PROFILES[abi])
+
+
+def test_a_machine_on_a_disk_keeps_its_tree_in_memory_with_the_same_content(disk_machine_dir, memory_tmp):
+    """sys/ of a machine directory on a disk is a link into the memory filesystem; through it the
+    tree is the one built in place, and a restart keeps it (same inode) as it keeps one in place."""
+    disk_machine_dir.mkdir()
+    topo = build(disk_machine_dir)
+    sys_dir = disk_machine_dir / "sys"
+    assert sys_dir.is_symlink()
+    target = Path(os.readlink(sys_dir))
+    assert str(target).startswith(os.environ["XDG_RUNTIME_DIR"]) and target.is_dir()
+    machine.materialize("mi210", memory_tmp / "in-place", machine.PROFILES["1.23"])
+    assert tree_digest(sys_dir) == tree_digest(memory_tmp / "in-place") == EXPECTED_TREES["mi210", "1.23"]
+    props = next(topo.glob("nodes/*/properties"))
+    inode = props.stat().st_ino
+    build(disk_machine_dir)
+    assert props.stat().st_ino == inode and os.readlink(sys_dir) == str(target)
+
+
+def test_a_tree_already_built_in_a_disk_directory_stays_there(disk_machine_dir):
+    disk_machine_dir.mkdir()
+    topo = machine.materialize("mi210", disk_machine_dir / "sys", machine.PROFILES["1.23"])
+    inode = next(topo.glob("nodes/*/properties")).stat().st_ino
+    build(disk_machine_dir)
+    assert not (disk_machine_dir / "sys").is_symlink()
+    assert next(topo.glob("nodes/*/properties")).stat().st_ino == inode
+
+
+def test_a_full_memory_filesystem_means_the_tree_is_built_on_disk(disk_machine_dir, monkeypatch):
+    """ENOSPC while writing through the link (a small /dev/shm in a container): the link goes and
+    the tree is built in the machine directory, complete."""
+    import errno
+    memory = os.environ["XDG_RUNTIME_DIR"]
+    real_extract = machine.extract_capture
+
+    def memory_full(capture, dest):
+        if os.path.realpath(dest).startswith(memory):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_extract(capture, dest)
+    monkeypatch.setattr(machine, "extract_capture", memory_full)
+    disk_machine_dir.mkdir()
+    build(disk_machine_dir)
+    assert not (disk_machine_dir / "sys").is_symlink()
+    assert tree_digest(disk_machine_dir / "sys") == EXPECTED_TREES["mi210", "1.23"]
+
+
+def test_trees_no_machine_links_to_are_pruned_and_linked_ones_kept(disk_machine_dir, monkeypatch):
+    """A machine directory deleted (a benchmark's or a test's) leaves its tree in memory; pruning
+    removes it once it is older than the grace period, and never a tree a machine links to."""
+    import shutil
+    kept, deleted = disk_machine_dir, disk_machine_dir.with_name("deleted")
+    for d in (kept, deleted):
+        d.mkdir()
+        build(d)
+    trees = Path(os.environ["XDG_RUNTIME_DIR"]) / "kfdtool-sim" / runner.LINKED_TREES
+    deleted_tree = Path(os.readlink(deleted / "sys")).parent
+    shutil.rmtree(deleted)
+    runner.prune_linked_trees()
+    assert deleted_tree.exists()                                 # too young: its link may be being made
+    monkeypatch.setattr(runner, "PRUNE_GRACE_S", 0)
+    runner.prune_linked_trees()
+    assert list(trees.iterdir()) == [Path(os.readlink(kept / "sys")).parent]
+    assert tree_digest(kept / "sys") == EXPECTED_TREES["mi210", "1.23"]
+
+
+def test_filesystem_type_reads_the_mount_table():
+    assert runner.filesystem_type("/proc/self/status") == "proc"
+    assert runner.filesystem_type(runner.default_base_dir().parent) in (runner.MEMORY_FILESYSTEMS
+                                                                        | {runner.filesystem_type("/")})
+
+
+def test_first_start_with_the_machine_directory_on_a_disk(monkeypatch, tmp_path):
+    """`kfdtool sim start mi300x-cpx` with nothing built yet and KFDTOOL_SIM_DIR in the temporary
+    directory (a disk here): within 3x the issue's 1 s, its tree in memory where the temporary
+    directory is on a disk and a memory filesystem exists, in place otherwise."""
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))
+    try:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "kfdtool", "sim", "start", "mi300x-cpx"], env={**os.environ},
+                       check=True, capture_output=True, timeout=60)
+        elapsed = time.perf_counter() - t0
+        sim = runner.machine("mi300x-cpx")
+        assert sim.is_running()
+        on_disk = runner.filesystem_type(tmp_path) not in runner.MEMORY_FILESYSTEMS
+        memory = runner.filesystem_type(runner.default_base_dir().parent) in runner.MEMORY_FILESYSTEMS
+        assert sim.sysfs_root.is_symlink() == (on_disk and memory)
+        assert len(list((sim.sysfs_root / "class/kfd/kfd/topology/nodes").iterdir())) == 65
+        assert elapsed < 3.0, f"first start took {elapsed:.2f} s"
+    finally:
+        runner.stop("mi300x-cpx")
+        sys_dir = tmp_path / "mi300x-cpx" / "sys"
+        if sys_dir.is_symlink():                                   # 17 MB of memory: not left to pruning
+            import shutil
+            shutil.rmtree(Path(os.readlink(sys_dir)).parent)

@@ -4,6 +4,7 @@ a kernel profile (KFD ABI version and the sysfs conventions of the matching Linu
 `materialize()` writes the machine's sysfs tree to a directory, so kfdtool's real readers run on it
 unchanged (KFDTOOL_SYSFS_ROOT=<dir>).
 """
+import errno
 import functools
 import hashlib
 import json
@@ -199,7 +200,22 @@ def materialize(preset_name, sysfs_root, profile, parameters=None):
     """Write the machine's /sys subset under `sysfs_root`, as after a fresh boot: no KFD processes,
     the module parameters given. The topology (thousands of files) is kept from the last call when
     it was built for the same preset, kernel profile and kfdtool code and nobody has changed it
-    since; otherwise it is rebuilt. Returns the topology directory."""
+    since; otherwise it is rebuilt. Returns the topology directory.
+
+    `sysfs_root` may be a link to the directory to write (on a memory filesystem, see runner.py:
+    place_sysfs_tree); where that filesystem is full, the link goes and the tree is written at
+    `sysfs_root` itself (what the link led to is left to its owner: runner.prune_linked_trees)."""
+    try:
+        return _materialize(preset_name, sysfs_root, profile, parameters)
+    except OSError as e:
+        root = Path(sysfs_root)
+        if e.errno != errno.ENOSPC or not root.is_symlink():
+            raise
+        root.unlink()
+        return _materialize(preset_name, sysfs_root, profile, parameters)
+
+
+def _materialize(preset_name, sysfs_root, profile, parameters):
     preset = find_preset(preset_name)
     root = Path(sysfs_root)
     kfd = root / "class" / "kfd" / "kfd"

@@ -1,7 +1,11 @@
 """Start, find and stop simulated machines. State lives in $KFDTOOL_SIM_DIR/<name> (default: see
-default_base_dir()): the sysfs tree under sys/, the socket kfd.sock, a log."""
+default_base_dir()): the sysfs tree under sys/ (see place_sysfs_tree() for where it really
+lives), the socket kfd.sock, a log."""
+import hashlib
 import json
 import os
+import re
+import shutil
 import stat
 import sys
 import time
@@ -33,19 +37,146 @@ def default_base_dir():
 
 
 def _own_base_dir():
-    """Create the base directory (0700); a default one already there must be ours: in a shared
-    directory such as /dev/shm another user could have planted it, or a link to elsewhere."""
-    base = base_dir()
-    try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(base)
-    except OSError as e:
-        raise SimulatorError(f"cannot create {base}: {e.strerror}") from None
+    """Create the base directory (0700); a default one already there must be ours."""
     if os.environ.get("KFDTOOL_SIM_DIR"):
-        return base                                 # the user's own choice
+        return _create_dir(base_dir())              # the user's own choice
+    return _own_default_dir()
+
+
+def _create_dir(path):
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise SimulatorError(f"cannot create {path}: {e.strerror}") from None
+    return path
+
+
+def _own_default_dir():
+    """default_base_dir(), created (0700) if missing. One already there must be the user's own
+    directory: in a shared directory such as /dev/shm another user could have planted it, or a
+    link to elsewhere."""
+    base = _create_dir(default_base_dir())
+    st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise SimulatorError(f"{base} is not a directory of yours; remove it or set KFDTOOL_SIM_DIR")
     return base
+
+
+# --- where a machine's sysfs tree lives -------------------------------------------------------------
+
+MEMORY_FILESYSTEMS = {"tmpfs", "ramfs"}
+LINKED_TREES = ".linked-trees"     # under default_base_dir(): trees of machines kept on a disk filesystem
+PRUNE_GRACE_S = 60                 # a linked tree this young may be one whose link is being made
+
+
+def filesystem_type(path):
+    """Type of the filesystem that holds `path` (its mount point is the longest one that prefixes
+    the real path, in /proc/self/mountinfo), or None where that cannot be told."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, fstype = -1, None
+    for line in lines:
+        # proc(5): "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS",
+        # spaces and backslashes in paths as octal escapes
+        fields = line.split(" ")
+        try:
+            mount_type = fields[fields.index("-", 6) + 1]
+        except (ValueError, IndexError):
+            continue
+        mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= best:     # a later mount on the same point hides the earlier
+            best, fstype = len(mount_point), mount_type
+    return fstype
+
+
+def _memory_home(sim_dir):
+    """Where the sysfs tree of the machine in `sim_dir` lives when `sim_dir` is on a disk
+    filesystem: a directory of its own under the default base directory, if that is on a memory
+    filesystem and the user's own. None where the tree stays in `sim_dir`."""
+    if filesystem_type(sim_dir) in MEMORY_FILESYSTEMS:
+        return None
+    memory = default_base_dir()
+    if filesystem_type(memory.parent) not in MEMORY_FILESYSTEMS:
+        return None
+    try:
+        memory = _own_default_dir()
+    except SimulatorError:
+        return None                                 # not ours: the tree stays on disk, never there
+    key = hashlib.sha256(os.fsencode(os.path.realpath(sim_dir))).hexdigest()[:16]
+    return Path(os.path.abspath(memory)) / LINKED_TREES / key
+
+
+def place_sysfs_tree(sim_dir):
+    """Decide where the sysfs tree of the machine in `sim_dir` lives, before it is built
+    (machine.materialize at `sim_dir`/sys, by the server or static_tree). Returns `sim_dir`/sys.
+
+    The kernel's sysfs lives in memory, and so does the simulated one: where `sim_dir` is on a disk
+    filesystem, sys is a link to a directory of its own on the memory filesystem of
+    default_base_dir(). On a disk a first start is mostly creating the tree's inodes (5562 for
+    mi308x, 8267 for mi300x-cpx), 30-500 us each of kernel time on this sandbox's ext4, which has
+    no journal and so skips every free inode deleted in the last minutes one by one
+    (fs/ext4/ialloc.c: find_inode_bit, recently_deleted), against 5-10 us on tmpfs. A tree
+    already built in `sim_dir` stays there, and so does one without a memory filesystem of the
+    user's own (or where it is full: machine.materialize)."""
+    root = Path(sim_dir) / "sys"
+    if _is_directory(root):
+        return root
+    home = _memory_home(sim_dir)
+    if home is not None:
+        _link(root, home)
+    elif root.is_symlink():
+        root.unlink()                    # a link of ours, but no memory filesystem now: in place
+    return root
+
+
+def _is_directory(path):
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _link(root, home):
+    """`root` a link to home/sys; home/owner names the link, so a tree whose machine directory
+    was deleted or moved can be told (prune_linked_trees)."""
+    target = str(home / "sys")
+    for directory in (home.parent, home, home / "sys"):
+        directory.mkdir(mode=0o700, exist_ok=True)
+    if not (home / "owner").exists():
+        (home / "owner").write_text(os.path.abspath(root))
+    if root.is_symlink():
+        if os.readlink(root) == target:
+            return
+        root.unlink()
+    os.symlink(target, root)
+
+
+def prune_linked_trees():
+    """Remove the memory trees no machine directory links to any more (it was deleted or moved)
+    and older than PRUNE_GRACE_S, so that machines kept on a disk do not leave their trees in
+    memory. Called by stop()."""
+    try:
+        entries = list(os.scandir(default_base_dir() / LINKED_TREES))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            owner = Path(entry.path, "owner").read_text()
+            if os.readlink(owner) == os.path.join(entry.path, "sys"):
+                continue
+        except OSError:
+            pass
+        try:
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime < PRUNE_GRACE_S:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 class SimMachine:
@@ -115,6 +246,7 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
     (sim.dir / "ready").unlink(missing_ok=True)
+    place_sysfs_tree(sim.dir)
     cmd = [sys.executable, "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
     cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
     if not realtime:
@@ -144,6 +276,7 @@ def stop(name):
     deadline = time.monotonic() + 10
     while sim.socket.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+    prune_linked_trees()
     return True
 
 
@@ -155,7 +288,7 @@ def static_tree(name, abi="1.23"):
     profile = _known(find_profile, abi)
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
-    materialize(name, sim.sysfs_root, profile)        # kept from the last run where it is current
+    materialize(name, place_sysfs_tree(sim.dir), profile)      # kept from the last run where it is current
     info = {**sim.info, "preset": name, "abi": abi, "release": profile.release}
     (sim.dir / "machine.json").write_text(json.dumps(info))
     return sim
