@@ -185,3 +185,29 @@ def test_concurrent_submitters_keep_per_queue_order():
     xq.close()
     assert hwq.executed == order
 
+
+
+def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
+    """A launch-bound client that once learned a GPU time per command (while another process's
+    kernels slowed its own) goes back to widely spaced sync points once the GPU keeps up with it."""
+    from xsched_lv3.window import FORGET_AFTER_KEPT_UP, MAX_COMMANDS_PER_SYNC
+    w = ProgressiveWindow(window_us=500)
+    w._learn(30.0)                                   # 250 us every sync point: 8 commands
+    per_sync = w.commands_per_sync(4, kept_up=False)
+    assert per_sync == 8
+    for _ in range(FORGET_AFTER_KEPT_UP - 1):
+        per_sync = w.commands_per_sync(per_sync, kept_up=True)
+        assert per_sync == 8 and w.calibrated         # a few quick segments prove nothing yet
+    per_sync = w.commands_per_sync(per_sync, kept_up=True)
+    assert not w.calibrated
+    while per_sync < MAX_COMMANDS_PER_SYNC:
+        per_sync = w.commands_per_sync(per_sync, kept_up=True)
+    assert per_sync == MAX_COMMANDS_PER_SYNC
+
+
+def test_a_gpu_bound_client_keeps_its_learned_time():
+    w = ProgressiveWindow(window_us=500)
+    w._learn(100.0)
+    for i in range(50):                              # behind every few sync points: never forgotten
+        w.commands_per_sync(2, kept_up=i % 4 != 0)
+    assert w.calibrated and w.commands_per_sync(2, kept_up=True) == 2

@@ -24,6 +24,12 @@ DEFAULT_WINDOW_US = 500.0
 # in-flight work small), sync points are this far apart; a launch-bound phase turning GPU-bound
 # overshoots the window by at most two such segments, once, before the window learns.
 MAX_COMMANDS_PER_SYNC = 32
+# A learned estimate is forgotten after this many sync points in a row that found the GPU keeping up:
+# the client is launch-bound (now), its in-flight work small whatever the estimate says, and a sync
+# point every half window of estimated GPU time costs it CPU time it lacks. Seen on an H100: a
+# launch-bound ResNet-50 b16 LP that learned ~30 us a command while another process's kernels slowed
+# its own (an exposed request of a service) placed 3x as many sync points for the rest of its run.
+FORGET_AFTER_KEPT_UP = 8
 
 
 class ProgressiveWindow:
@@ -41,6 +47,7 @@ class ProgressiveWindow:
         self.since_sync_us = 0.0
         self.since_sync_n = 0
         self._chain_at = None                    # when the last waited-for sync point completed
+        self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
 
     @property
     def in_flight_us(self):
@@ -92,9 +99,14 @@ class ProgressiveWindow:
         time (at least one command). Before anything was learned: few at first (a GPU-bound client
         is seen behind within a few commands and learns), doubling each time the GPU was found to
         keep up (`kept_up`: every sync point but the newest done, no wait), up to
-        MAX_COMMANDS_PER_SYNC."""
+        MAX_COMMANDS_PER_SYNC. A learned time is forgotten once FORGET_AFTER_KEPT_UP sync points in a
+        row found the GPU keeping up."""
         if self.calibrated:
-            return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+            self._kept_up_in_row = self._kept_up_in_row + 1 if kept_up else 0
+            if self._kept_up_in_row < FORGET_AFTER_KEPT_UP:
+                return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+            # launch-bound now: back to spacing by doubling; a GPU-bound phase is seen behind and learned anew
+            self.calibrated, self._kept_up_in_row, self._chain_at = False, 0, None
         if current is None:
             return self.calibration_commands
         return min(MAX_COMMANDS_PER_SYNC, 2 * current) if kept_up else current
