@@ -2,7 +2,6 @@
 verdicts from request latencies, how many exposed requests a harmful pair costs, and the gate
 acting on them (a lower client that costs nothing is no longer held; one that slows the requests
 stays held)."""
-import itertools
 import threading
 import time
 
@@ -39,19 +38,27 @@ def test_a_harmless_lower_client_is_no_longer_held_after_one_probe():
     assert later.count(True) == 80 // REFRESH_EVERY    # one in REFRESH_EVERY still protected (the baseline)
 
 
-def test_a_harmful_lower_client_stays_held_and_probes_back_off():
+def test_a_lower_client_that_always_hurts_costs_one_exposed_request_a_probe():
+    """A lower client whose presence makes every request slower than any protected one (head-of-line
+    blocking behind its kernels): each probe ends at its first exposed request, and probes back off."""
+    p = Protection(0.10)
+    kinds = serve(p, 10_000, exposed_cost_ms=10.0)
+    assert not p.exposing
+    exposed = [i for i, k in enumerate(kinds) if not k]
+    assert len(exposed) == p.probes
+    gaps = [b - a for a, b in zip(exposed, exposed[1:])]
+    assert gaps == [min(MAX_PROBE_GAP, FIRST_PROBE_GAP * 4 ** k) + 1 for k in range(1, len(gaps) + 1)]
+    assert exposed[0] == 2 * BASELINE_REQUESTS
+    assert len(exposed) / len(kinds) < 0.001
+
+
+def test_a_lower_client_that_hurts_a_little_stays_held_at_under_one_percent_exposed():
+    """Exposed requests mostly within the protected range, but the median 1.5 ms later: the probes run
+    to their end, are judged on the median, and back off."""
     p = Protection(0.10)
     kinds = serve(p, 10_000, exposed_cost_ms=1.5)
     assert not p.exposing
-    exposed = [i for i, k in enumerate(kinds) if not k]
-    probes = [list(g) for _, g in itertools.groupby(exposed, key=lambda i, c=itertools.count(): i - 2 * next(c))]
-    assert all(len(probe) == PROBE_REQUESTS for probe in probes)
-    starts = [probe[0] for probe in probes]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    # each probe spans 2*PROBE_REQUESTS-1 requests; then the gap of protected requests grows 4x up to the cap
-    expected = [min(MAX_PROBE_GAP, FIRST_PROBE_GAP * 4 ** k) + 2 * PROBE_REQUESTS - 1 for k in range(1, len(gaps) + 1)]
-    assert gaps == expected
-    assert len(exposed) / len(kinds) < 0.01             # below one percent: the P99 is not theirs
+    assert kinds.count(False) / len(kinds) < 0.01
 
 
 def test_a_lower_client_that_turns_harmful_is_held_again_within_two_batches():
@@ -154,5 +161,5 @@ def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
         stop.set()
         t.join()
     assert not stats["exposing"] and stats["probes"] == 1
-    assert stats["exposed_requests"] == PROBE_REQUESTS
-    assert active_seen == n - PROBE_REQUESTS
+    assert stats["exposed_requests"] == 1              # slower than any protected request: the probe ends there
+    assert active_seen == n - 1

@@ -9,18 +9,21 @@ sees the harm, in its own request latency, so it decides per request:
     queues suspended (Lv3) until the request's GPU work completes;
   * **exposed**: it does not, and lower clients run on.
 
-It starts protected. After a warm-up and a baseline of protected requests it *probes*: a few exposed requests,
-alternating with protected ones so both see the same load. Exposure is judged harmless when it
-shifts the median latency by no more than `slack` times the protected latency's 90th percentile
-(interference adds waiting time to a request: a shift of the middle moves the tail about as much,
-and a P99 within 1 + slack of the protected P99 is the target; the 90th percentile of the recent
-protected requests stands for their tail, the highest one a few outliers cannot move). Harmless: requests stay exposed,
-one in REFRESH_EVERY still protected to keep the comparison current, and the verdict is re-checked
-on every new batch of PROBE_REQUESTS exposed requests, so a lower client that turns harmful (a new
-phase, a new client) is held again within two batches. Harmful (a probe, or a re-check): protected on, and the
-next probe waits four times longer (up to MAX_PROBE_GAP requests), so a pair that interferes pays a bounded, shrinking number
-of exposed requests: with the defaults, 8 among requests 65-79, then 8 more after 128, 512, 2048
-protected requests, and then after every 4096.
+It starts protected. After a warm-up and a baseline of protected requests it *probes*: up to
+PROBE_REQUESTS exposed requests, alternating with protected ones so both see the same load. A probe
+is cut short by the first exposed request slower than anything the protected ones showed lately
+(their maximum, plus the slack): that one request is the whole price of learning that a lower
+client hurts, so probes cannot own the tail (a P99 is set by 1 % of the requests). A probe that
+runs to its end is judged on its median: exposure is harmless when it shifts the median latency by
+no more than `slack` times the protected requests' 90th percentile (interference adds waiting time
+to a request, so a shift of the middle moves the tail about as much; the 90th percentile of the
+recent protected requests stands for their tail, the highest one a few outliers cannot move).
+Harmless: requests stay exposed, one in REFRESH_EVERY still protected to keep the comparison
+current; any exposed request beyond the protected maximum plus the slack, or a batch of
+PROBE_REQUESTS exposed requests whose median shifted too far, ends it. Harmful: protected on, and
+the next probe waits four times longer (FIRST_PROBE_GAP x 4, x 16, ... up to MAX_PROBE_GAP protected
+requests). A lower client that always hurts costs one exposed request after 64, 128, 512, 2048 and
+then every 4096 protected requests.
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
@@ -76,6 +79,10 @@ class Protection:
             return
         self.exposed.append(latency_s)
         self.exposed_requests += 1
+        if self.exposing or self._probe_left:
+            if latency_s > (1 + self.slack) * max(self.protected, default=float("inf")):
+                self._verdict(False)              # slower than any protected request: no more exposure
+                return
         if self.exposing:
             self._since_check += 1
             if self._since_check >= PROBE_REQUESTS:
