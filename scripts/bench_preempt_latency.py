@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchlib import provenance  # noqa: E402  (next to this script)
 from xsched_lv3 import XQueue  # noqa: E402
 from xsched_lv3.backends.torch import TorchHwQueue  # noqa: E402
 
@@ -91,7 +92,7 @@ def main():
             r = measure(torch, cpu, t_us, args.samples, window, 50)
             rows.append(r)
             print({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
-    doc = {"benchmark": "Lv1 preemption latency (suspend request -> queue idle)", "card": card,
+    doc = {"benchmark": "Lv1 preemption latency (suspend request -> queue idle)", **provenance(), "card": card,
            "torch": torch.__version__, "cycles_per_us": cpu, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -12,7 +12,6 @@ waves at the partition's share of HBM bandwidth).
 Results: results/bench_sim_levels.json
 """
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchlib import latency_summary, open_loop  # noqa: E402  (next to this script)
+from benchlib import latency_summary, open_loop, provenance, write_results  # noqa: E402  (next to this script)
 
 from xsched_lv3 import Level, LocalScheduler, XQueue  # noqa: E402
 from xsched_lv3.backends.sim import SimGPU, SimHwQueue  # noqa: E402
@@ -139,12 +138,11 @@ def main():
                      lp_vs_alone=r["lp_iters_per_s"] / lp_alone["lp_iters_per_s"])
             rows.append(r)
             print(label, {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
-    doc = {"benchmark": "two models on the simulated MI308X (CPX partition): Lv1 vs Lv3", "simulation": True,
+    doc = {"benchmark": "two models on the simulated MI308X (CPX partition): Lv1 vs Lv3", **provenance(),
+           "simulation": True,
            "note": "virtual GPU in Python; absolute times are the model's, only ratios within this run mean much",
            "modelled_lv3_switch_us": SWITCH_S * 1e6, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out}.json")
+    write_results(args.out + ".json", doc)
 
 
 if __name__ == "__main__":

@@ -83,17 +83,16 @@ def test_levels_are_checked():
 
 
 def test_window_learns_command_length():
+    """Sync points waited for back to back (the GPU behind) teach the GPU time per command."""
     w = ProgressiveWindow(window_us=1000, initial_cmd_us=10)
-    t = 0.0
-    for _ in range(50):
-        while not w.after_launch():
-            pass
-        w.recorded(object(), t)
-        t += w.since_sync_n or 0
-        done_at = t + 0.002                            # each batch took 2 ms
-        w.completed(done_at, done_at - 0.002)
-        t = done_at
-    assert w.cmd_us > 50                              # adapted up from 10 µs
+    done = set()
+
+    def wait(handle):
+        time.sleep(0.002)                              # each segment of 4 commands takes 2 ms
+        done.add(handle)
+    for handle in range(12):
+        w.sync_point(handle, 4, done.__contains__, wait)
+    assert w.calibrated and 300 < w.cmd_us < 2000     # ~500 µs a command, learned up from 10
 
 
 def q(id, ready=True, **hints):

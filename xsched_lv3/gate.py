@@ -171,7 +171,7 @@ class Gate:
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:
             self.window = ProgressiveWindow(self.window_us)
-            self._per_sync, self._leaves = self.window.commands_per_sync(), 0
+            self._per_sync, self._leaves = self.window.per_sync, 0
             if self.device:                        # GPU in use: what we launched while free is in flight too
                 self.window.backlog(self.recorder.record(), time.monotonic())
         elif not guarded:
@@ -286,18 +286,13 @@ class Gate:
         if window is None:
             return
         with self._window_lock:                        # threads of one process share its window
-            window.segment(recorder.record(), time.monotonic(), n)
             self.sync_points += 1
-            window.retire(recorder.done)               # what the GPU has passed: no wait, nothing learned
-            kept_up = len(window.pending) <= 1
-            if window.over():                          # the GPU is behind by more than the window
-                self.blocked_syncs += 1
-                recorder.wait(window.pending[0][0])
-                waited_at = time.monotonic()
-                if self.board_generation[0] != self.seen_generation:
-                    window.paused()                    # another client's work may be in this interval
-                window.retire(recorder.done, waited_at=waited_at)
-            self._per_sync = window.commands_per_sync(self._per_sync, kept_up)
+            self.blocked_syncs += window.sync_point(recorder.record(), n, recorder.done, recorder.wait,
+                                                    changed=self._board_changed)
+            self._per_sync = window.per_sync
+
+    def _board_changed(self):
+        return self.board_generation[0] != self.seen_generation
 
     def _wait_turn(self, start):
         self.waits += 1

@@ -36,6 +36,10 @@ class HwQueue(ABC):
     def wait_sync_point(self, handle):
         """Block until `handle` completed."""
 
+    @abstractmethod
+    def sync_point_done(self, handle):
+        """Whether `handle` completed; never blocks."""
+
 
     def deactivate(self):
         raise LevelUnsupported(self, Level.DEACTIVATE)

@@ -12,7 +12,11 @@ only where the GPU is seen behind: a sync point still incomplete when the window
 for, and two such waits in a row, the second segment queued before the first completed, time one
 segment of pure GPU work. Until then sync points start a few commands apart and double while the
 GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-blocking query.
+
+One loop for every client (`sync_point`): the XQueue's launch worker and the inline gate (PyTorch
+eager) count their commands and call it; the XQueue may also know each command's GPU time.
 """
+import time
 from collections import deque
 
 # The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
@@ -48,51 +52,59 @@ class ProgressiveWindow:
         self.since_sync_n = 0
         self._chain_at = None                    # when the last waited-for sync point completed
         self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
+        self.per_sync = self.commands_per_sync()  # commands to launch before the next sync point
 
     @property
     def in_flight_us(self):
         return self.pending_us + self.since_sync_us
 
-    @property
-    def in_flight_commands(self):
-        return sum(p[2] for p in self.pending) + self.since_sync_n
+    def sync_point(self, handle, n, is_done, wait, est_us=None, changed=None):
+        """The one window loop: a sync point (`handle`) recorded after `n` commands. Retires what the
+        GPU has passed (`is_done(handle)` never blocks); while launching more would exceed the window,
+        waits (`wait(handle)`) for the oldest, and an interval waited back to back teaches the GPU
+        time per command. `est_us`: the commands' GPU time where the caller knows it, else they weigh
+        the learned time. `changed()`: whether another client's activity changed during the wait (its
+        kernels may then be in the interval, which is not learned). Returns whether it waited; the
+        commands to launch before the next sync point are then in `per_sync`."""
+        self.segment(handle, time.monotonic(), n, est_us)
+        # kept up: the previous segment is done by now (the very first sync point proves nothing)
+        kept_up = self.retire(is_done) > 0 and len(self.pending) <= 1
+        waited = self.over()
+        if waited:                               # the GPU is behind by more than the window
+            wait(self.pending[0][0])
+            waited_at = time.monotonic()
+            if changed is not None and changed():
+                self.paused()
+            self.retire(is_done, waited_at=waited_at)
+        self.per_sync = self.commands_per_sync(self.per_sync, kept_up)
+        return waited
 
-    def after_launch(self, est_us=None):
-        """Account a launched command; True when a sync point should be recorded now."""
-        self.since_sync_us += self.cmd_us if est_us is None else est_us
-        self.since_sync_n += 1
-        if not self.calibrated:
-            return self.since_sync_n >= self.min_commands
-        return self.since_sync_us >= self.sync_every_us and self.since_sync_n >= self.min_commands
-
-    def segment(self, handle, now, n):
-        """A sync point after `n` commands counted by the caller (the inline gate counts leaf
-        modules itself): each weighs the learned GPU time, nothing while none was learned."""
+    def segment(self, handle, now, n, est_us=None):
+        """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
+        (nothing while none was learned), unless the caller knows their time (`est_us`)."""
         self.since_sync_n += n
-        self.since_sync_us += n * self.cmd_us if self.calibrated else 0.0
-        self.recorded(handle, now)
+        if est_us is not None:
+            self.since_sync_us += est_us
+        elif self.calibrated:
+            self.since_sync_us += n * self.cmd_us
+        self._recorded(handle, now)
+
+    def sync_due(self, n, est_us):
+        """For a caller that knows its commands' GPU time: is half a window of it launched since the
+        last sync point? (Otherwise `per_sync` commands are the rule.)"""
+        return n >= self.per_sync or (est_us is not None and est_us >= self.sync_every_us and n >= self.min_commands)
 
     def backlog(self, handle, now):
         """A sync point after work launched before the window existed, of unknown length: it counts
         as two windows, so the next sync point waits for it to drain."""
         self.since_sync_n += 1
         self.since_sync_us += 2 * self.window_us
-        self.recorded(handle, now)
+        self._recorded(handle, now)
 
-    def recorded(self, handle, now):
+    def _recorded(self, handle, now):
         self.pending.append((handle, self.since_sync_us, self.since_sync_n, now))
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
-
-    def must_wait(self):
-        """The oldest sync point to wait on before launching more, or None."""
-        if not self.pending:
-            return None
-        if self.in_flight_us > self.window_us:
-            return self.pending[0][0]
-        if not self.calibrated and self.in_flight_commands >= self.calibration_commands:
-            return self.pending[0][0]
-        return None
 
     def commands_per_sync(self, current=None, kept_up=False):
         """How many commands to launch before the next sync point: half a window of the learned GPU
@@ -124,9 +136,10 @@ class ProgressiveWindow:
         """Drop the sync points that already completed (`is_done(handle)` must not block).
         `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
         the one before it also completed under a wait, with this one already queued, the GPU ran
-        this segment back to back: the interval is its GPU time, and the estimate learns from it."""
+        this segment back to back: the interval is its GPU time, and the estimate learns from it.
+        Returns how many it dropped."""
         pending = self.pending
-        first = True
+        first, retired = True, 0
         while pending and is_done(pending[0][0]):
             handle, est, n, _ = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
@@ -137,6 +150,8 @@ class ProgressiveWindow:
             else:
                 self._chain_at = None
             first = False
+            retired += 1
+        return retired
 
     def paused(self):
         """The client was held back, or another client's activity changed: an interval reaching
@@ -144,17 +159,12 @@ class ProgressiveWindow:
         self._chain_at = None
 
     def _learn(self, measured_us):
-        self.cmd_us = measured_us if not self.calibrated else 0.8 * self.cmd_us + 0.2 * measured_us
+        first = not self.calibrated
+        self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
-
-    def completed(self, now, previous_done_at):
-        """The oldest sync point completed at `now`; learn the per-command GPU time from it."""
-        handle, est, n, t_rec = self.pending.popleft()
-        self.pending_us = max(0.0, self.pending_us - est)
-        start = t_rec if previous_done_at is None else max(previous_done_at, t_rec)
-        if n and now > start:
-            self._learn((now - start) * 1e6 / n)
-        return handle
+        if first:           # segments recorded before anything was learned weighed nothing: weigh them now
+            self.pending = deque((h, est or n * self.cmd_us, n, t) for h, est, n, t in self.pending)
+            self.pending_us = sum(p[1] for p in self.pending)
 
     def clear(self):
         self._chain_at = None

@@ -34,6 +34,7 @@ class XQueue:
         self.name = name or f"xq{self.id}"
         self.hints = {"priority": priority}
         self.window = ProgressiveWindow(window_us)
+        self._window_lock = threading.Lock()     # the worker's sync points, drain() and the idle watcher
         self._buf = deque()
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -41,7 +42,6 @@ class XQueue:
         self._interrupted = False
         self._closed = False
         self._launched = 0
-        self._last_done_at = None
         self.on_state = on_state              # callback(xqueue) when ready/idle changes
         self.ready_since = None
         self._busy = False                    # launched work not yet known complete
@@ -106,11 +106,8 @@ class XQueue:
     def drain(self):
         """Wait for everything already launched (not the buffered commands)."""
         self.hwq.synchronize()
-        with self._cv:
-            while self.window.pending:
-                self.window.completed(time.monotonic(), self._last_done_at)
-                self._last_done_at = time.monotonic()
-            self.window.since_sync_us = self.window.since_sync_n = 0
+        with self._window_lock:
+            self.window.clear()
 
     def wait_all(self, timeout=None):
         """Wait until every submitted command has completed (it must be resumed to get there)."""
@@ -131,31 +128,23 @@ class XQueue:
 
     # --- the launch worker --------------------------------------------------------------------------
     def _run(self):
+        """Launch in order under the window: the same sync points and waits as the inline gate
+        (`ProgressiveWindow.sync_point`), counted in commands, weighed by their estimates where the
+        caller gave them. Waits happen outside the queue's lock, so suspend() never waits on the GPU."""
+        n, est_us = 0, 0.0                       # launched since the last sync point; None: some unknown
         while True:
             with self._cv:
                 while not self._closed and (self._suspended or not self._buf):
                     self._cv.wait()
                 if self._closed and (not self._buf or self._suspended):
                     return
-                handle = self.window.must_wait()
-            if handle is not None:
-                self.hwq.wait_sync_point(handle)
-                now = time.monotonic()
-                with self._cv:
-                    if self.window.pending and self.window.pending[0][0] is handle:
-                        self.window.completed(now, self._last_done_at)
-                        self._last_done_at = now
-                continue
-            with self._cv:
-                if self._suspended or not self._buf:
-                    continue
                 cmd = self._buf.popleft()
                 self.hwq.launch(cmd.fn)          # under the lock: suspend() cannot slip in between
                 self._launched += 1
                 self._busy = True
-                need_sync = self.window.after_launch(cmd.est_us)
-                if need_sync:
-                    self.window.recorded(self.hwq.record_sync_point(), time.monotonic())
+                n += 1
+                est_us = None if est_us is None or cmd.est_us is None else est_us + cmd.est_us
+                handle = self.hwq.record_sync_point() if self.window.sync_due(n, est_us) else None
                 drained = not self._buf
                 marker = (self._launched, self.hwq.record_sync_point()) if drained else None
             cmd.launched.set()                    # launched in order; completion is the hw queue's
@@ -163,6 +152,10 @@ class XQueue:
                 with self._idle_cv:
                     self._idle_q.append(marker)
                     self._idle_cv.notify()
+            if handle is not None:
+                with self._window_lock:
+                    self.window.sync_point(handle, n, self.hwq.sync_point_done, self.hwq.wait_sync_point, est_us)
+                n, est_us = 0, 0.0
 
     def _watch_idle(self):
         """When the buffer empties, wait for the last launch to complete; if nothing was launched
@@ -178,7 +171,8 @@ class XQueue:
                     continue
                 self._busy = False
                 self.ready_since = None
-                self.window.clear()
+                with self._window_lock:
+                    self.window.clear()
             if self.on_state:
                 self.on_state(self)
 

@@ -31,6 +31,9 @@ class KfdHwQueue(HwQueue):
     def record_sync_point(self):
         return self.inner.record_sync_point()
 
+    def sync_point_done(self, handle):
+        return self.inner.sync_point_done(handle)
+
     def wait_sync_point(self, handle):
         self.inner.wait_sync_point(handle)
 

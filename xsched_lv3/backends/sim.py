@@ -77,6 +77,10 @@ class SimHwQueue(HwQueue):
         with self.gpu.cv:
             return self._launched
 
+    def sync_point_done(self, handle):
+        with self.gpu.cv:
+            return self._completed >= handle
+
     def wait_sync_point(self, handle):
         with self.gpu.cv:
             while self._completed < handle:
