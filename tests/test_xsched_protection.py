@@ -162,4 +162,46 @@ def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
         t.join()
     assert not stats["exposing"] and stats["probes"] == 1
     assert stats["exposed_requests"] == 1              # slower than any protected request: the probe ends there
-    assert active_seen == n - 1
+    assert active_seen == n                            # ... and the exposure guard protected it while it ran
+
+
+def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake):
+    """Where a lower client's work blocks the service's, one exposed request would take as long as
+    that work: the gate protects it once it runs past the recent protected maximum plus the slack."""
+    torch, gpu, xt = torch_fake
+    stop = threading.Event()
+    lp_model = model(torch, "lp", 5, 0.0001)
+    lp_gate = {}
+    latencies = []
+
+    def lp():
+        with xt.client(priority=0) as gate:
+            lp_gate["gate"] = gate
+            while not stop.is_set():
+                lp_model(None)
+                torch.cuda.Stream().synchronize()
+
+    def interference():              # each launch 20 ms slower while the LP runs: exposed, ~160 ms a request
+        gate = lp_gate.get("gate")
+        return 0.020 if gate is not None and gate._may_run else 0.0
+    from xsched_lv3.protection import Protection
+    original = Protection.finished
+
+    def recording(self, protected, latency_s):
+        latencies.append((protected, latency_s))
+        return original(self, protected, latency_s)
+    t = threading.Thread(target=lp)
+    t.start()
+    try:
+        time.sleep(0.05)
+        Protection.finished = recording
+        _requests(xt, torch, gpu, 10, 2 * BASELINE_REQUESTS + 4, layers=8, interference=interference)
+    finally:
+        Protection.finished = original
+        stop.set()
+        t.join()
+    protected_max = max(lat for protected, lat in latencies if protected)
+    exposed = [lat for protected, lat in latencies if not protected]
+    assert len(exposed) == 1
+    # cut at (1 + slack) x the protected maximum, plus the launch under way when the LP was held
+    assert exposed[0] < 1.1 * protected_max + 0.030, (exposed[0], protected_max)

@@ -21,6 +21,7 @@ The state is re-read whenever the board changes. The per-module test is kept to 
 integer comparison and one attribute (`may_pass`), inlined in the PyTorch wrapper: a launch-bound
 client makes hundreds of module calls per iteration, and each microsecond there costs it percents.
 """
+import math
 import os
 import threading
 import time
@@ -88,6 +89,14 @@ class Gate:
         self._open = 0                             # requests begun and not yet ended (all threads)
         self._busy_since = None                    # when the current busy period (requests open or in flight) began
         self._protecting = False                   # the current busy period holds lower clients
+        self._exposed = False                      # ... it began without holding them (a probe, or harmless)
+        self._period = 0                           # busy periods begun
+        # An exposed busy period that runs past its deadline is protected for the rest of it: one
+        # harmful exposure costs at most about the slowest protected request, plus the slack
+        self._guard_cv = threading.Condition()
+        self._protect_at = None                    # (deadline, period) of the exposed busy period, if any
+        self._guard = None
+        self._guard_stop = False
         self._pid = os.getpid()
         self._others_here = False                  # every other active client is in this process
         # (slot, ready_since) of activations whose process was found stopped (SIGSTOP, a debugger): they
@@ -207,9 +216,13 @@ class Gate:
                 self._requests += 1
                 if self._busy_since is None:       # a new busy period: protect it, or not
                     self._busy_since = now
+                    self._period += 1
                     # only strict priority lets a client waive its own precedence: other policies
                     # (shares, deadlines) read every client's activity
                     self._protecting = self.protection.protect_next() or not self.policy.strict_priority
+                    self._exposed = not self._protecting
+                    if self._exposed:
+                        self._guard_exposure(now + self.protection.exposure_deadline_s(), self._period)
                 if self._protecting:
                     self._mark(True)
 
@@ -256,10 +269,38 @@ class Gate:
             with self._lock:
                 if request == self._requests and not self._open and self._busy_since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
-                    self.protection.finished(self._protecting, time.monotonic() - self._busy_since)
+                    self.protection.finished(not self._exposed, time.monotonic() - self._busy_since)
                     self._busy_since = None
+                    if self._exposed:
+                        self._guard_exposure(None, None)
                     if self._active:
                         self._mark(False)
+
+    def _guard_exposure(self, deadline, period):
+        """Protect busy period `period` at `deadline` if it is still running exposed (None: cancel)."""
+        if deadline is not None and not math.isfinite(deadline):
+            deadline = None                        # no protected request to compare with yet
+        with self._guard_cv:
+            self._protect_at = None if deadline is None else (deadline, period)
+            if self._guard is None and deadline is not None:
+                self._guard = threading.Thread(target=self._exposure_guard, daemon=True,
+                                               name=f"xsched-guard-{self.slot}")
+                self._guard.start()
+            self._guard_cv.notify()
+
+    def _exposure_guard(self):
+        while True:
+            with self._guard_cv:
+                while not self._guard_stop and (self._protect_at is None or self._protect_at[0] > time.monotonic()):
+                    self._guard_cv.wait(None if self._protect_at is None else self._protect_at[0] - time.monotonic())
+                if self._guard_stop:
+                    return
+                _, period = self._protect_at
+                self._protect_at = None
+            with self._lock:
+                if period == self._period and self._busy_since is not None and not self._protecting:
+                    self._protecting = True        # slower than any protected request: hold them after all
+                    self._mark(True)
 
     # --- per module call, while guarded ------------------------------------------------------------------
     def check(self):
@@ -348,6 +389,11 @@ class Gate:
         with self._watch_cv:
             self._watch.append(None)               # stops the watcher
             self._watch_cv.notify()
+        with self._guard_cv:
+            self._guard_stop = True
+            self._guard_cv.notify()
+        if self._guard is not None and self._guard is not threading.current_thread():
+            self._guard.join(WATCHER_JOIN_S)
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             # Wait for it: a daemon thread still inside a GPU wait when the interpreter finalizes is

@@ -23,7 +23,9 @@ current; any exposed request beyond the protected maximum plus the slack, or a b
 PROBE_REQUESTS exposed requests whose median shifted too far, ends it. Harmful: protected on, and
 the next probe waits four times longer (FIRST_PROBE_GAP x 4, x 16, ... up to MAX_PROBE_GAP protected
 requests). A lower client that always hurts costs one exposed request after 64, 128, 512, 2048 and
-then every 4096 protected requests.
+then every 4096 protected requests, and that request itself is protected once it has run past the
+same bound (the gate's exposure guard): where the lower client's work blocks the service's (a GPU
+whose waves are not preempted), one exposed request would otherwise take as long as that work.
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
@@ -80,7 +82,7 @@ class Protection:
         self.exposed.append(latency_s)
         self.exposed_requests += 1
         if self.exposing or self._probe_left:
-            if latency_s > (1 + self.slack) * max(self.protected, default=float("inf")):
+            if latency_s > self.exposure_deadline_s():
                 self._verdict(False)              # slower than any protected request: no more exposure
                 return
         if self.exposing:
@@ -93,6 +95,11 @@ class Protection:
             self._probe_left -= 1
             if not self._probe_left:
                 self._verdict(self.harmless())
+
+    def exposure_deadline_s(self):
+        """How long an exposed request may run before it is protected after all (and counts as
+        harmed): longer than any recent protected request, by the slack."""
+        return (1 + self.slack) * max(self.protected, default=float("inf"))
 
     def harmless(self):
         """Do the latest exposed requests stay within the slack of the protected ones?"""
