@@ -190,9 +190,10 @@ class Gate:
             self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
             self._watcher.start()
         if not tracking:
-            self._busy_since = None
-            if self._active:
-                self._mark(False)
+            with self._lock:                       # the watcher reads the busy period under it
+                self._busy_since = None
+                if self._active:
+                    self._mark(False)
         self.tracking = tracking
 
     # --- requests (a top-level module call) -------------------------------------------------------------
@@ -219,7 +220,7 @@ class Gate:
                     self._period += 1
                     # only strict priority lets a client waive its own precedence: other policies
                     # (shares, deadlines) read every client's activity
-                    self._protecting = self.protection.protect_next() or not self.policy.strict_priority
+                    self._protecting = not self.policy.strict_priority or self.protection.protect_next()
                     self._exposed = not self._protecting
                     if self._exposed:
                         self._guard_exposure(now + self.protection.exposure_deadline_s(), self._period)
@@ -267,9 +268,10 @@ class Gate:
             request, handle = item
             self.recorder.wait(handle)
             with self._lock:
-                if request == self._requests and not self._open and self._busy_since is not None:
+                since = self._busy_since
+                if request == self._requests and not self._open and since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
-                    self.protection.finished(not self._exposed, time.monotonic() - self._busy_since)
+                    self.protection.finished(not self._exposed, time.monotonic() - since)
                     self._busy_since = None
                     if self._exposed:
                         self._guard_exposure(None, None)

@@ -163,7 +163,9 @@ class ProgressiveWindow:
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            self.pending = deque((h, est or n * self.cmd_us, n, t) for h, est, n, t in self.pending)
+            weighed = [(h, est or n * self.cmd_us, n, t) for h, est, n, t in self.pending]
+            self.pending.clear()                 # in place: retire() is walking this deque
+            self.pending.extend(weighed)
             self.pending_us = sum(p[1] for p in self.pending)
 
     def clear(self):

@@ -33,7 +33,8 @@ class XQueue:
         self.id = next(_ids)
         self.name = name or f"xq{self.id}"
         self.hints = {"priority": priority}
-        self.window = ProgressiveWindow(window_us)
+        # two commands a segment until a GPU time is learned: at most 4 in flight before that
+        self.window = ProgressiveWindow(window_us, calibration_commands=2)
         self._window_lock = threading.Lock()     # the worker's sync points, drain() and the idle watcher
         self._buf = deque()
         self._seq = itertools.count()
