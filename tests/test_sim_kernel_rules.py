@@ -385,3 +385,25 @@ def test_map_memory_counts_devices_in_n_success(client):
     with pytest.raises(errors.KfdIoctlError) as info:
         client.kfd.ioctl("MAP_MEMORY_TO_GPU", mapping(1, h=handle + 1000))
     assert info.value.errno == errno.ENOMEM
+    unmap = s.kfd_ioctl_unmap_memory_from_gpu_args(handle=handle, device_ids_array_ptr=ctypes.addressof(ids),
+                                                    n_devices=2)
+    client.kfd.ioctl("UNMAP_MEMORY_FROM_GPU", unmap)     # the runtime frees it at teardown
+
+
+def test_free_of_a_mapped_bo_is_ebusy_and_keeps_the_handle(client):
+    """amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_free_memory_of_gpu: a BO still mapped on a GPU
+    (mapped_to_gpu_memory > 0) -> EBUSY before anything is released, so kfd_ioctl_free_memory_of_gpu
+    keeps its handle; once unmapped it frees."""
+    gpu = client.gpus[0]
+    client.rt.alloc(gpu, 4096)
+    handle = client.rt.handles[-1]
+    ids = (ctypes.c_uint32 * 1)(gpu)
+    client.kfd.ioctl("MAP_MEMORY_TO_GPU", s.kfd_ioctl_map_memory_to_gpu_args(
+        handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
+    with pytest.raises(errors.KfdIoctlError) as info:
+        client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
+    assert info.value.errno == errno.EBUSY
+    client.kfd.ioctl("UNMAP_MEMORY_FROM_GPU", s.kfd_ioctl_unmap_memory_from_gpu_args(
+        handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
+    client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
+    client.rt.handles.remove(handle)

@@ -461,13 +461,17 @@ class SimKfd:
 
     def free_memory(self, proc, a, mem, uid):
         """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: the process's signal page BO -> EPERM; no
-        device for the handle's gpu_id, or no such idr handle -> EINVAL."""
+        device for the handle's gpu_id, or no such idr handle -> EINVAL; a BO still mapped on a GPU
+        -> EBUSY and the handle stays (amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_free_memory_of_gpu
+        checks mapped_to_gpu_memory before anything is released)."""
         page = self.signal_pages.get(proc.pid)
         if page is not None and page.handle == a.handle:
             raise SimErrno(errno.EPERM)
-        bo = proc.bos.pop(a.handle, None)
-        if bo is None:
+        if a.handle not in proc.bos:
             raise SimErrno(errno.EINVAL)
+        if self.mapped_on.get((proc.pid, a.handle)):
+            raise SimErrno(errno.EBUSY)
+        bo = proc.bos.pop(a.handle)
         self.mapped_on.pop((proc.pid, a.handle), None)
         if bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
             proc.vram[bo.gpu_id] -= bo.size
