@@ -4,6 +4,7 @@ acting on them (a lower client that costs nothing is no longer held; one that sl
 stays held)."""
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -129,14 +130,19 @@ def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_not
     n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 40
     # requests of ~20 ms and a wide slack: a loaded CI host's scheduling noise stays below it
     active_seen, stats = _requests(xt, torch, gpu, 10, n, kernel_s=0.005, latency_slack=0.5)
-    assert stats["exposing"] and stats["probes"] == 1
-    # protected: the baseline, half the probe, then one in REFRESH_EVERY
-    assert active_seen <= 2 * BASELINE_REQUESTS + PROBE_REQUESTS + 40 // REFRESH_EVERY + 1
+    assert stats["probes"] == 1
+    # exposed from the probe on, but for one in REFRESH_EVERY (the comparison), unless a single request of
+    # the run came out slower than every protected one by the slack (a pause of the host): then it stops
+    assert stats["exposed_requests"] >= PROBE_REQUESTS + 10, stats
+    assert active_seen <= n - stats["exposed_requests"] + 1
     lp.close()
 
 
-def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
-    torch, gpu, xt = torch_fake
+@contextmanager
+def interfering_lower_client(xt, torch, slowdown_s):
+    """A lower-priority client running back to back in a thread; yields `interference()`: how much
+    slower each launch of the service is right now (`slowdown_s` while that client may run, as on a
+    GPU the two share)."""
     stop = threading.Event()
     lp_model = model(torch, "lp", 5, 0.0001)
     lp_gate = {}
@@ -148,58 +154,44 @@ def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
                 lp_model(None)
                 torch.cuda.Stream().synchronize()
 
-    def interference():              # a GPU shared with a running LP: each launch of the service 10 ms slower
+    def interference():
         gate = lp_gate.get("gate")
-        return 0.010 if gate is not None and gate._may_run else 0.0
+        return slowdown_s if gate is not None and gate._may_run else 0.0
     t = threading.Thread(target=lp)
     t.start()
     try:
         time.sleep(0.05)
-        n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 20
-        active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
+        yield interference
     finally:
         stop.set()
         t.join()
+
+
+def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
+    torch, gpu, xt = torch_fake
+    n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 20
+    with interfering_lower_client(xt, torch, 0.010) as interference:
+        active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
     assert not stats["exposing"] and stats["probes"] == 1
     assert stats["exposed_requests"] == 1              # slower than any protected request: the probe ends there
     assert active_seen == n                            # ... and the exposure guard protected it while it ran
 
 
-def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake):
+def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake, monkeypatch):
     """Where a lower client's work blocks the service's, one exposed request would take as long as
     that work: the gate protects it once it runs past the recent protected maximum plus the slack."""
     torch, gpu, xt = torch_fake
-    stop = threading.Event()
-    lp_model = model(torch, "lp", 5, 0.0001)
-    lp_gate = {}
-    latencies = []
-
-    def lp():
-        with xt.client(priority=0) as gate:
-            lp_gate["gate"] = gate
-            while not stop.is_set():
-                lp_model(None)
-                torch.cuda.Stream().synchronize()
-
-    def interference():              # each launch 20 ms slower while the LP runs: exposed, ~160 ms a request
-        gate = lp_gate.get("gate")
-        return 0.020 if gate is not None and gate._may_run else 0.0
     from xsched_lv3.protection import Protection
+    latencies = []
     original = Protection.finished
 
     def recording(self, protected, latency_s):
         latencies.append((protected, latency_s))
         return original(self, protected, latency_s)
-    t = threading.Thread(target=lp)
-    t.start()
-    try:
-        time.sleep(0.05)
-        Protection.finished = recording
+    monkeypatch.setattr(Protection, "finished", recording)
+    # each launch 20 ms slower while the LP runs: an exposed request would take ~160 ms
+    with interfering_lower_client(xt, torch, 0.020) as interference:
         _requests(xt, torch, gpu, 10, 2 * BASELINE_REQUESTS + 4, layers=8, interference=interference)
-    finally:
-        Protection.finished = original
-        stop.set()
-        t.join()
     protected_max = max(lat for protected, lat in latencies if protected)
     exposed = [lat for protected, lat in latencies if not protected]
     assert len(exposed) == 1
