@@ -210,3 +210,37 @@ def test_a_gpu_bound_client_keeps_its_learned_time():
     for i in range(50):                              # behind every few sync points: never forgotten
         w.commands_per_sync(2, kept_up=i % 4 != 0)
     assert w.calibrated and w.commands_per_sync(2, kept_up=True) == 2
+
+
+@pytest.mark.parametrize("level", [Level.BLOCK, Level.DEACTIVATE, Level.INTERRUPT])
+def test_closing_a_suspended_queue_runs_what_was_submitted(level):
+    """close() resumes first: a worker waiting on a sync point of an interrupted queue would wait
+    forever otherwise, and buffered commands are launched, never skipped."""
+    hwq = SimHwQueue(level)
+    xq = XQueue(hwq, level=level, window_us=500)
+    for i in range(40):
+        xq.submit((i, 2000))
+    time.sleep(0.02)
+    xq.suspend()
+    closer = threading.Thread(target=xq.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive()
+    hwq.synchronize()
+    assert [p[0] for p in hwq.executed] == list(range(40))
+
+
+def test_a_synchronous_suspend_at_lv2_returns_at_once():
+    """A deactivated queue stops where it is: its in-flight work does not drain, so there is nothing
+    to wait for (waiting would never end)."""
+    hwq = SimHwQueue(Level.DEACTIVATE)
+    xq = XQueue(hwq, level=Level.DEACTIVATE, window_us=2000)
+    for i in range(20):
+        xq.submit((i, 1000))
+    time.sleep(0.005)
+    done = threading.Event()
+    threading.Thread(target=lambda: (xq.suspend(sync=True), done.set()), daemon=True).start()
+    assert done.wait(3)
+    xq.resume()
+    assert xq.wait_all(timeout=10) and len(hwq.executed) == 20
+    xq.close()

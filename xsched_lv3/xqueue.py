@@ -78,8 +78,9 @@ class XQueue:
 
     # --- suspend / resume -------------------------------------------------------------------------
     def suspend(self, sync=False):
-        """Stop launching. Lv3 also interrupts the hardware queue (waves saved). With sync=True
-        (Lv1/Lv2) return only when in-flight work has drained: the preemption latency."""
+        """Stop launching. Lv2 also deactivates the hardware queue and Lv3 interrupts it (waves
+        saved): either stops at once. With sync=True at Lv1 return only when in-flight work has
+        drained, the preemption latency (a deactivated queue's work would never drain)."""
         with self._cv:
             if self._suspended:
                 return
@@ -89,7 +90,7 @@ class XQueue:
             self._interrupted = True
         elif self.level >= Level.DEACTIVATE:
             self.hwq.deactivate()
-        if sync and self.level < Level.INTERRUPT:
+        if sync and self.level == Level.BLOCK:
             self.drain()
 
     def resume(self):
@@ -120,12 +121,13 @@ class XQueue:
         return True
 
     def close(self):
-        with self._cv:
-            self._closed = True
+        """Launch what was submitted, then stop. A suspended queue is resumed first: its worker may
+        be waiting on work that runs only then, and no submitted command is ever skipped."""
+        with self._cv:                        # a re-entrant lock: resume() runs under the same hold,
+            self._closed = True               # so the worker never sees a closed queue still suspended
+            self.resume()
             self._cv.notify_all()
         self._worker.join()
-        if self._suspended:
-            self.resume()
 
     # --- the launch worker --------------------------------------------------------------------------
     def _run(self):
@@ -137,7 +139,7 @@ class XQueue:
             with self._cv:
                 while not self._closed and (self._suspended or not self._buf):
                     self._cv.wait()
-                if self._closed and (not self._buf or self._suspended):
+                if self._closed and not self._buf:
                     return
                 cmd = self._buf.popleft()
                 self.hwq.launch(cmd.fn)          # under the lock: suspend() cannot slip in between
