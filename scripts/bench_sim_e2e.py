@@ -77,7 +77,8 @@ class Daemon:
     """`xsched-lv3 daemon --sim NAME` for the lv3 variant, on a private socket and board."""
 
     def __init__(self, machine, env):
-        self.proc = subprocess.Popen([PY, "-m", "xsched_lv3", "daemon", "--sim", machine], env=env, cwd=REPO,
+        trace = ["--trace", os.environ["BENCH_DAEMON_TRACE"]] if os.environ.get("BENCH_DAEMON_TRACE") else []
+        self.proc = subprocess.Popen([PY, "-m", "xsched_lv3", "daemon", "--sim", machine, *trace], env=env, cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         banner = self.proc.stdout.readline() if ready else ""
