@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchlib import provenance  # noqa: E402  (next to this script)
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend  # noqa: E402
 from kfdtool.cwsr.update_queue import OwnQueue, UpdateQueueSuspend  # noqa: E402
 from kfdtool.device import KfdDevice  # noqa: E402
@@ -136,7 +137,12 @@ def bench_real(pid, rounds):
 
 
 def plot(results, path):
-    import matplotlib
+    """The figure, where matplotlib is installed (it is not a dependency); True when written."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
@@ -164,6 +170,7 @@ def plot(results, path):
     fig.suptitle("Queue suspend latency — SIMULATION (timing model, not hardware)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return True
 
 
 def main():
@@ -177,13 +184,13 @@ def main():
         return
     os.environ.setdefault("KFDTOOL_SIM_DIR", tempfile.mkdtemp(prefix="kfdtool-bench-"))
     results = [bench_machine(name, args.rounds) for name in ("mi308x", "mi300x")]
-    doc = {"benchmark": "queue suspend/resume latency", "simulation": True,
+    doc = {"benchmark": "queue suspend/resume latency", **provenance(), "simulation": True,
            "note": "simulated KFD with kfdtool.sim.timing; wall times include the simulator IPC round trip",
            "host": {"cores": os.cpu_count(), "python": platform.python_version()}, "machines": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot(results, args.out + ".png")
-    print(f"wrote {args.out}.json and .png")
+    plotted = plot(results, args.out + ".png")
+    print(f"wrote {args.out}.json" + (" and .png" if plotted else ""))
 
 
 if __name__ == "__main__":
