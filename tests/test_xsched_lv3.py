@@ -88,6 +88,15 @@ class Setup:
         wait_for(self.lp_suspended, "suspend")
         return hp, lp
 
+    def hp_holds_attached_lp(self):
+        """The LP attached (`xsched-lv3 attach`), the HP a `run` client in a request: the LP's queues
+        suspended. Returns the HP's slot."""
+        assert xsched("attach", "--pid", str(self.lp.pid)).returncode == 0
+        hp = self.client(self.hp, 10)
+        self.set_active(hp, True)
+        wait_for(self.lp_suspended, "suspend")
+        return hp
+
     def set_active(self, slot, active):
         self.board.set_active(slot, active)
         poke(wake_path(self.sock))
@@ -305,10 +314,7 @@ def test_attach_is_refused_where_lv3_cannot_reach_the_process(setup):
 
 def test_a_stopping_daemon_resumes_and_releases_attached_processes(setup):
     s = setup
-    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
-    hp = s.client(s.hp, 10)
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    s.hp_holds_attached_lp()
     s.daemon.send_signal(signal.SIGTERM)
     _, err = s.daemon.communicate(timeout=10)
     assert s.daemon.returncode == 0 and "Traceback" not in err, err
@@ -456,10 +462,7 @@ def test_attached_processes_never_stay_suspended(setup):
     suspended, and the slots go. (An attached HP's activity is the daemon's to write: see the
     pointer test.)"""
     s = setup
-    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
-    hp_slot = s.client(s.hp, 10)
-    s.set_active(hp_slot, True)
-    wait_for(s.lp_suspended, "suspend")
+    s.hp_holds_attached_lp()
     s.hp.kill()                                        # the HP dies busy
     s.hp.wait()
     wait_for(s.lp_running, "resume after the attached HP died")
@@ -480,10 +483,7 @@ def test_attached_processes_never_stay_suspended(setup):
 
 def test_an_attached_lp_killed_while_suspended_costs_the_daemon_nothing(setup):
     s = setup
-    assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0
-    hp = s.client(s.hp, 10)
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "suspend")
+    s.hp_holds_attached_lp()
     s.lp.kill()
     s.lp.wait()
     wait_for(lambda: all(x.pid != s.lp.pid for _, x in s.board.slots()), "the dead LP's slot to go")
