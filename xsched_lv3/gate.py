@@ -21,7 +21,6 @@ The state is re-read whenever the board changes. The per-module test is kept to 
 integer comparison and one attribute (`may_pass`), inlined in the PyTorch wrapper: a launch-bound
 client makes hundreds of module calls per iteration, and each microsecond there costs it percents.
 """
-import math
 import os
 import threading
 import time
@@ -182,7 +181,7 @@ class Gate:
             self.window = ProgressiveWindow(self.window_us)
             self._per_sync, self._leaves = self.window.per_sync, 0
             if self.device:                        # GPU in use: what we launched while free is in flight too
-                self.window.backlog(self.recorder.record(), time.monotonic())
+                self.window.backlog(self.recorder.record())
         elif not guarded:
             self.window = None
         self.guarded = guarded
@@ -279,9 +278,8 @@ class Gate:
                         self._mark(False)
 
     def _guard_exposure(self, deadline, period):
-        """Protect busy period `period` at `deadline` if it is still running exposed (None: cancel)."""
-        if deadline is not None and not math.isfinite(deadline):
-            deadline = None                        # no protected request to compare with yet
+        """Protect busy period `period` at `deadline` if it is still running exposed (None: cancel).
+        Exposure follows a baseline of protected requests, so the deadline is always finite."""
         with self._guard_cv:
             self._protect_at = None if deadline is None else (deadline, period)
             if self._guard is None and deadline is not None:

@@ -46,7 +46,7 @@ class ProgressiveWindow:
         # until one sync point has completed, the estimate is a guess: bound by count instead
         self.calibration_commands = calibration_commands
         self.calibrated = False
-        self.pending = deque()                   # (handle, est_us, n_commands, t_recorded)
+        self.pending = deque()                   # (handle, est_us, n_commands)
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
@@ -66,7 +66,7 @@ class ProgressiveWindow:
         the learned time. `changed()`: whether another client's activity changed during the wait (its
         kernels may then be in the interval, which is not learned). Returns whether it waited; the
         commands to launch before the next sync point are then in `per_sync`."""
-        self.segment(handle, time.monotonic(), n, est_us)
+        self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing)
         kept_up = self.retire(is_done) > 0 and len(self.pending) <= 1
         waited = self.over()
@@ -79,7 +79,7 @@ class ProgressiveWindow:
         self.per_sync = self.commands_per_sync(self.per_sync, kept_up)
         return waited
 
-    def segment(self, handle, now, n, est_us=None):
+    def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
         (nothing while none was learned), unless the caller knows their time (`est_us`)."""
         self.since_sync_n += n
@@ -87,22 +87,22 @@ class ProgressiveWindow:
             self.since_sync_us += est_us
         elif self.calibrated:
             self.since_sync_us += n * self.cmd_us
-        self._recorded(handle, now)
+        self._recorded(handle)
 
     def sync_due(self, n, est_us):
         """For a caller that knows its commands' GPU time: is half a window of it launched since the
         last sync point? (Otherwise `per_sync` commands are the rule.)"""
         return n >= self.per_sync or (est_us is not None and est_us >= self.sync_every_us and n >= self.min_commands)
 
-    def backlog(self, handle, now):
+    def backlog(self, handle):
         """A sync point after work launched before the window existed, of unknown length: it counts
         as two windows, so the next sync point waits for it to drain."""
         self.since_sync_n += 1
         self.since_sync_us += 2 * self.window_us
-        self._recorded(handle, now)
+        self._recorded(handle)
 
-    def _recorded(self, handle, now):
-        self.pending.append((handle, self.since_sync_us, self.since_sync_n, now))
+    def _recorded(self, handle):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n))
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
@@ -141,7 +141,7 @@ class ProgressiveWindow:
         pending = self.pending
         first, retired = True, 0
         while pending and is_done(pending[0][0]):
-            handle, est, n, _ = pending.popleft()
+            handle, est, n = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
                 if self._chain_at is not None and n:
@@ -163,7 +163,7 @@ class ProgressiveWindow:
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            weighed = [(h, est or n * self.cmd_us, n, t) for h, est, n, t in self.pending]
+            weighed = [(h, est or n * self.cmd_us, n) for h, est, n in self.pending]
             self.pending.clear()                 # in place: retire() is walking this deque
             self.pending.extend(weighed)
             self.pending_us = sum(p[1] for p in self.pending)
