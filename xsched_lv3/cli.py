@@ -68,8 +68,9 @@ def build_parser():
     a = sub.add_parser("attach", help="schedule a running process without `run` (Lv3 only: KFD queue suspend)",
                        description="Schedule a running process that `xsched-lv3 run` did not start (LibTorch, HIP "
                                    "C++, any framework): the daemon suspends its KFD queues while a higher-priority "
-                                   "client on its GPU is active. Needs a daemon with Lv3; refused where Lv3 is not "
-                                   "available for the process. It is preempted, but does not yet preempt others.",
+                                   "client on its GPU is active, and, read from its queues' pointers, lets its own work hold "
+                                   "lower-priority clients. Needs a daemon with Lv3; refused where Lv3 is not "
+                                   "available for the process.",
                        epilog="examples:\n  xsched-lv3 attach --pid 4242 --priority 0 --device 24248\n"
                               "  xsched-lv3 detach --pid 4242", formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--pid", type=int, required=True)
@@ -197,37 +198,37 @@ def cmd_status(args):
     return 0
 
 
-def cmd_attach(args):
+def _ask_daemon(msg, socket):
+    """The daemon's reply to `msg`; a refusal becomes the CLI's one-line error."""
     from .daemon_link import request
+    reply = request(msg, socket)
+    if "error" in reply:
+        raise ValueError(reply["error"])
+    return reply
+
+
+def cmd_attach(args):
     msg = {"op": "attach", "pid": args.pid, "priority": check_hint("priority", args.priority)}
     if args.device is not None:
         msg["device"] = args.device
-    reply = request(msg, args.socket)
-    if "error" in reply:
-        raise ValueError(reply["error"])
+    reply = _ask_daemon(msg, args.socket)
     print(f"pid {args.pid}: attached at priority {args.priority}; {reply['why']}")
     return 0
 
 
 def cmd_detach(args):
-    from .daemon_link import request
-    reply = request({"op": "detach", "pid": args.pid}, args.socket)
-    if "error" in reply:
-        raise ValueError(reply["error"])
+    _ask_daemon({"op": "detach", "pid": args.pid}, args.socket)
     print(f"pid {args.pid}: detached (its queues run)")
     return 0
 
 
 def cmd_hint(args):
-    from .daemon_link import request
     given = {name: getattr(args, name) for name in HINTS if getattr(args, name) is not None}
     if not given:
         raise ValueError("give at least one hint, e.g. --priority 5")
     values = {name: _hint_from_text(name, text) for name, text in given.items()}   # all checked before any is sent
     for name, value in values.items():
-        reply = request({"op": "hint", "pid": args.pid, "name": name, "value": value}, args.socket)
-        if "error" in reply:
-            raise ValueError(reply["error"])
+        _ask_daemon({"op": "hint", "pid": args.pid, "name": name, "value": value}, args.socket)
     print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     return 0
 
