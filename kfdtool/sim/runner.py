@@ -4,7 +4,6 @@ lives), the socket kfd.sock, a log."""
 import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 import sys
@@ -71,26 +70,19 @@ PRUNE_GRACE_S = 60                 # a linked tree this young may be one whose l
 
 def filesystem_type(path):
     """Type of the filesystem that holds `path` (its mount point is the longest one that prefixes
-    the real path, in /proc/self/mountinfo), or None where that cannot be told."""
+    the real path; of two mounts on one point the later hides the earlier), or None where that
+    cannot be told."""
+    import psutil                                   # only here: `sim start` on a memory filesystem needs none
     try:
         real = os.path.realpath(path)
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
+        mounts = psutil.disk_partitions(all=True)
     except OSError:
         return None
     best, fstype = -1, None
-    for line in lines:
-        # proc(5): "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS",
-        # spaces and backslashes in paths as octal escapes
-        fields = line.split(" ")
-        try:
-            mount_type = fields[fields.index("-", 6) + 1]
-        except (ValueError, IndexError):
-            continue
-        mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) >= best:     # a later mount on the same point hides the earlier
-            best, fstype = len(mount_point), mount_type
+    for mount in mounts:
+        inside = real == mount.mountpoint or real.startswith(mount.mountpoint.rstrip("/") + "/")
+        if inside and len(mount.mountpoint) >= best:
+            best, fstype = len(mount.mountpoint), mount.fstype
     return fstype
 
 
