@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, PROBE_REQUESTS,
-                                   REFRESH_EVERY, Protection)
+from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, OVERRUN_WINDOW,
+                                   PROBE_REQUESTS, REFRESH_EVERY, Protection)
 from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
 
 # a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic)
@@ -53,43 +53,60 @@ def test_a_lower_client_that_always_hurts_costs_one_exposed_request_a_probe():
     assert len(exposed) / len(kinds) < 0.001
 
 
-def test_a_lower_client_that_hurts_a_little_stays_held_at_under_one_percent_exposed():
-    """Exposed requests mostly within the protected range, but the median 1.5 ms later: the probes run
-    to their end, are judged on the median, and back off."""
+def test_a_lower_client_that_moves_the_tail_a_little_stays_held_at_under_one_percent_exposed():
+    """Exposed requests 1.5 ms slower: their slow third runs past every protected one plus the slack,
+    so probes end at once and back off."""
     p = Protection(0.10)
     kinds = serve(p, 10_000, exposed_cost_ms=1.5)
     assert not p.exposing
     assert kinds.count(False) / len(kinds) < 0.01
 
 
-def test_a_lower_client_that_turns_harmful_is_held_again_within_two_batches():
+def test_a_lower_client_that_moves_the_median_but_not_the_tail_is_no_longer_held():
+    """Seen on an H100 (a batch job next to a ResNet-18 service): exposure moved the service's median
+    by 40 % and its P99 by 6 %. The slack bounds the tail, so this lower client runs on."""
     p = Protection(0.10)
-    serve(p, 200, exposed_cost_ms=0.0)
+    # typical requests 1 ms slower exposed; the slow ones (host hiccups, not the GPU) no slower
+    kinds = serve_shaped(p, 2000, lambda base_ms: base_ms if base_ms > 2.5 else base_ms + 1.0)
+    assert p.exposing and p.overruns == 0
+    assert kinds.count(False) / len(kinds) > 0.8
+
+
+def test_a_shift_of_the_tail_within_the_slack_is_harmless_and_beyond_it_is_not():
+    slowest = 2.0 + max(JITTER)                          # ms: the slowest protected request
+    assert exposed_share(0.10, 0.5 * 0.10 * slowest)[0] > 0.8
+    share, overran = exposed_share(0.10, 1.5 * 0.10 * slowest)
+    assert share < 0.1 and overran < 0.01                # a P99 (1 % of the requests) not set by overruns
+    assert exposed_share(0.30, 1.5 * 0.10 * slowest)[0] > 0.8      # a looser slack accepts it
+
+
+def test_a_rare_overrun_of_a_harmless_lower_client_does_not_end_the_exposure():
+    """One request in 40 beyond every protected one (a host hiccup, whoever runs): within the budget."""
+    p = Protection(0.10)
+    serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
     assert p.exposing
-    harmed = 0
-    for i in range(200, 400):                    # from here on, exposure costs 2 ms a request
-        if not p.exposing:
-            break
+    for i in range(40 * OVERRUN_WINDOW):
         protected = p.protect_next()
-        harmed += not protected
-        p.finished(protected, latency(i, 0.0 if protected else 2.0))
-    assert not p.exposing
-    assert harmed <= 2 * PROBE_REQUESTS - 1
-    later = serve(p, 2000, exposed_cost_ms=2.0, start=400)
-    assert later.count(False) <= 3 * PROBE_REQUESTS       # the backed-off probes only (after 32, 128, 512...)
+        p.finished(protected, latency(i, 5.0 if not protected and i % 40 == 0 else 0.0))
+    assert p.exposing and p.overruns >= OVERRUN_WINDOW // 2
 
 
-def test_a_shift_within_the_slack_of_the_tail_is_harmless_and_beyond_it_is_not():
-    p90 = sorted(JITTER)[int(0.9 * len(JITTER))] + 2.0     # ms: the protected requests' 90th percentile
-    assert serve_verdict(0.10, 0.6 * 0.10 * p90)
-    assert not serve_verdict(0.10, 1.5 * 0.10 * p90)
-    assert serve_verdict(0.30, 1.5 * 0.10 * p90)        # a looser slack accepts it
+def serve_shaped(protection, requests, exposed_ms):
+    """Like serve(), with exposed latencies `exposed_ms(protected latency in ms)`."""
+    kinds = []
+    for i in range(requests):
+        protected = protection.protect_next()
+        base_ms = latency(i) * 1000
+        protection.finished(protected, (base_ms if protected else exposed_ms(base_ms)) / 1000)
+        kinds.append(protected)
+    return kinds
 
 
-def serve_verdict(slack, cost_ms):
+def exposed_share(slack, cost_ms):
+    """The share of requests exposed, and of requests that overran."""
     p = Protection(slack)
-    serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=cost_ms)
-    return p.exposing
+    kinds = serve(p, 5000, exposed_cost_ms=cost_ms)
+    return kinds.count(False) / len(kinds), p.overruns / len(kinds)
 
 
 def test_slack_zero_is_strict_priority():
