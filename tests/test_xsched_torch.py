@@ -480,3 +480,19 @@ def test_a_stopped_or_zombie_high_priority_process_holds_nobody_for_long(torch_f
 def _state(pid):
     from kfdtool.pids import process_state
     return process_state(pid) or "?"
+
+
+def test_the_recorder_reuses_completed_events_and_never_a_pending_one(torch_fake):
+    """A sync point per event created and destroyed cost a launch-bound job on a GPU: a completed
+    event the gate dropped is recorded again, one still pending never is (its query would lie)."""
+    torch, gpu, xt = torch_fake
+    recorder = xt.TorchRecorder()
+    gpu.launch("long", 0.05)
+    pending = recorder.record()
+    assert not recorder.done(pending)
+    second = recorder.record()
+    assert second is not pending
+    torch.cuda.Stream().synchronize()
+    assert recorder.done(pending)
+    assert recorder.record() is pending          # reused once done
+    assert recorder.record() is not second       # `second` was never reported done: not reused

@@ -55,7 +55,8 @@ WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU wor
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, spin_s=0.0,
                  whole_process=False, latency_slack=DEFAULT_LATENCY_SLACK, **hints):
-        # recorder: record() -> handle, done(handle) (never blocks), wait(handle), device_key() -> an
+        # recorder: record() -> handle, done(handle) (never blocks; once True the gate never uses the
+        #           handle again, so the recorder may reuse it), wait(handle), device_key() -> an
         #           int naming the GPU in use, or None while this process has not used a GPU
         self.recorder = recorder
         self.priority = check_hint("priority", priority)

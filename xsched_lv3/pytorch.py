@@ -38,17 +38,28 @@ class TorchRecorder:
     def __init__(self):
         import torch
         self.torch = torch
+        # Events the gate dropped once they completed, recorded again: creating and destroying an event
+        # per sync point cost a launch-bound ResNet-50 b16 about 4 % on an H100
+        # (scripts/probes/sync_cost.py, results/diagnostics/sync_cost_*.json).
+        self._reusable = []
 
     def record(self):
         """Sync points and request completions wait by spinning (the event's default): a blocking
         wait sleeps in the driver and wakes up to a millisecond late, which on a request
         completion holds every lower-priority client back that much longer."""
-        event = self.torch.cuda.Event()
+        try:
+            event = self._reusable.pop()
+        except IndexError:                     # none (threads of one process share this recorder)
+            event = self.torch.cuda.Event()
         event.record()
         return event
 
     def done(self, event):
-        return event.query()
+        """Never blocks. True ends the event's use by the gate (its window drops it): reused."""
+        if event.query():
+            self._reusable.append(event)
+            return True
+        return False
 
     def wait(self, event):
         event.synchronize()         # releases the GIL while it waits

@@ -4,9 +4,9 @@ makes, then one launch-bound model in alternating segments under gate variants (
 client registered and idle, so the job is guarded; medians of it/s over rounds).
 
     python scripts/probes/sync_cost.py [--model resnet50 --batch 16 --rounds 7]
-  none / free / guarded-nowin / guarded      as in scripts/bench_gate_overhead.py
-  guarded-ring                                sync points re-record events from a ring (no create/destroy)
-  guarded-max64, guarded-max128               up to 64 / 128 leaves between sync points
+  none / free / guarded-nowin / guarded      as in scripts/bench_gate_overhead.py (defaults)
+  guarded-fresh                               a new event per sync point (no reuse)
+  guarded-max32                               up to 32 leaves between sync points while the GPU keeps up
 """
 import argparse
 import json
@@ -23,7 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "worklo
 from benchlib import provenance  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
-CONFIGS = ("none", "free", "guarded-nowin", "guarded", "guarded-ring", "guarded-max64", "guarded-max128")
+CONFIGS = ("none", "free", "guarded-nowin", "guarded", "guarded-fresh", "guarded-max32")
 
 
 def op_costs(torch, n=20000):
@@ -67,16 +67,14 @@ def main():
     for k, v in costs.items():
         print(f"{k:24s} {v:7.2f} us", flush=True)
 
-    class RingRecorder(xt.TorchRecorder):
-        def __init__(self):
-            super().__init__()
-            self.ring, self.i = [torch.cuda.Event() for _ in range(256)], 0
-
+    class FreshRecorder(xt.TorchRecorder):
         def record(self):
-            self.i = (self.i + 1) % len(self.ring)
-            event = self.ring[self.i]
+            event = torch.cuda.Event()
             event.record()
             return event
+
+        def done(self, event):
+            return event.query()
 
     shipped = torch.nn.Module.__call__
     model, x = build(args.model, args.batch)
@@ -90,11 +88,11 @@ def main():
 
     def segment(config):
         torch.nn.Module.__call__ = shipped if config == "none" else wrapped
-        window_module.MAX_COMMANDS_PER_SYNC = {"guarded-max64": 64, "guarded-max128": 128}.get(config, default_max)
+        window_module.MAX_COMMANDS_PER_SYNC = 32 if config == "guarded-max32" else default_max
         hp = Gate(xt.TorchRecorder(), priority=10) if config.startswith("guarded") else None
         gate = None
         if config != "none":
-            recorder = RingRecorder() if config == "guarded-ring" else xt.TorchRecorder()
+            recorder = FreshRecorder() if config == "guarded-fresh" else xt.TorchRecorder()
             gate = Gate(recorder, priority=0, window_us=0 if config == "guarded-nowin" else xt.DEFAULT_WINDOW_US)
         xt._process_gate = gate
         n, t0 = 0, time.monotonic()
