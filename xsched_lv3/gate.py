@@ -91,8 +91,8 @@ class Gate:
         self._protecting = False                   # the current busy period holds lower clients
         self._exposed = False                      # ... it began without holding them (a probe, or harmless)
         self._period = 0                           # busy periods begun
-        # An exposed busy period that runs past its deadline is protected for the rest of it: one
-        # harmful exposure costs at most about the slowest protected request, plus the slack
+        # An exposed busy period that runs past its deadline (protection.guard_deadline_s) is protected
+        # for the rest of it: lower clients are held once they endanger this request, not before
         self._guard_cv = threading.Condition()
         self._protect_at = None                    # (deadline, period) of the exposed busy period, if any
         self._guard = None
@@ -223,7 +223,7 @@ class Gate:
                     self._protecting = not self.policy.strict_priority or self.protection.protect_next()
                     self._exposed = not self._protecting
                     if self._exposed:
-                        self._guard_exposure(now + self.protection.exposure_deadline_s(), self._period)
+                        self._guard_exposure(now + self.protection.guard_deadline_s(), self._period)
                 if self._protecting:
                     self._mark(True)
 
