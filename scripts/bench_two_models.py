@@ -148,6 +148,10 @@ def table(paths):
             for metric, value in r.items():
                 if metric != "lp_vs_alone_all":
                     per.setdefault(key, {}).setdefault(metric, []).append(value)
+        for row in doc["rows"]:                 # absolute HP latencies: how jittery the host itself is
+            if row.get("hp_p99_ms") is not None:
+                per.setdefault((row["pair"], row["variant"]), {}).setdefault("hp_ms", []).append(
+                    (row["hp_p50_ms"], row["hp_p99_ms"]))
     cards = sorted({d["card"] for d in docs})
 
     def cell(values, fmt):
@@ -155,22 +159,25 @@ def table(paths):
             return "–"
         return f"{fmt(statistics.median(values))} ({fmt(min(values))}–{fmt(max(values))})"
     x, f2 = (lambda v: f"{v:.2f}x"), (lambda v: f"{v:.2f}")
-    lines = ["| pair (HP / LP) | variant | runs | HP P99 vs alone | LP vs alone |",
-             "|---|---|---|---|---|"]
+    lines = ["| pair (HP / LP) | variant | runs | HP P50 / P99 (ms) | HP P99 vs alone | LP vs alone |",
+             "|---|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
-    order = ["lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "xsched-strict", "native-threads",
+    order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "xsched-strict", "native-threads",
              "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))
             if got:
                 runs = max(len(v) for v in got.values())
-                lines.append(f"| {names[pair]} | {variant} | {runs} | {cell(got.get('hp_p99_vs_alone', []), x)} | "
-                             f"{cell(got.get('lp_vs_alone', []), f2)} |")
+                ms = got.get("hp_ms", [])
+                latency = f"{statistics.median(m[0] for m in ms):.1f} / {statistics.median(m[1] for m in ms):.1f}" \
+                    if ms else "–"
+                lines.append(f"| {names[pair]} | {variant} | {runs} | {latency} | "
+                             f"{cell(got.get('hp_p99_vs_alone', []), x)} | {cell(got.get('lp_vs_alone', []), f2)} |")
     revisions = sorted({d["git_revision"][:7] + ("+dirty" if d["git_dirty"] else "") for d in docs})
     return "\n".join(lines) + (f"\n\n{', '.join(cards)}, revision {', '.join(revisions)}; median (min–max) of the "
-                               f"ratios over the runs.\n")
+                               f"ratios over the runs; HP P50 / P99: medians over the runs.\n")
 
 
 def main():

@@ -25,7 +25,7 @@ exposure the rule: one request in REFRESH_EVERY is still protected, to keep the 
 and exposure ends at the second overrun within OVERRUN_WINDOW exposed requests (a P99 is the 1 %
 slowest: a few overruns a run would set it). The median is not judged: on an H100 a batch job next
 to a ResNet-18 service moved its median from 2.6 to 3.6 ms and its P99 by 6 %
-(results/bench_two_models_processes_b16_h100x1_r*.json); a median test held the batch job back for
+(results/diagnostics/bench_two_models_processes_b16_h100_29b291b_r*.json); a median test held the batch job back for
 the whole run and cost it 15 % for a tail that did not need it. After a harmful verdict the next
 probe waits four times longer (FIRST_PROBE_GAP x 4, x 16, ... up to MAX_PROBE_GAP protected
 requests): a lower client that always hurts costs one exposed request after 64, 128, 512, 2048 and
