@@ -257,3 +257,21 @@ def test_run_drops_hints_it_was_not_given(tmp_path):
                XSCHED_LV3_BOARD=str(tmp_path / "board"))
     result = xsched("run", "--utilization", "20", "--", sys.executable, "-c", probe, env=env)
     assert result.returncode == 0 and result.stdout.split() == ["None", "20.0"]
+
+
+def test_status_json_stays_json_when_the_board_holds_a_nan(tmp_path):
+    """Any process of this user can write the board: a NaN there must not make `status --json` print
+    something no JSON parser accepts."""
+    from xsched_lv3.board import Board
+    env = {**os.environ, "XSCHED_LV3_BOARD": str(tmp_path / "board")}
+    board = Board(str(tmp_path / "board"))
+    slot = board.allocate(os.getpid(), 5, 0, 0)
+    board.write(slot, held_s=float("nan"), announce=False)
+    out = xsched("status", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    doc = json.loads(out.stdout, parse_constant=refuse)
+    assert [c["held_s"] for c in doc["clients"] if c["pid"] == os.getpid()] == [None]
+    board.release(slot, os.getpid())

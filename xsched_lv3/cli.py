@@ -3,6 +3,7 @@
 Every failure a user can cause ends as one line on stderr and a non-zero exit code."""
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -163,6 +164,17 @@ def cmd_run(args):
         raise ValueError(f"{argv[0]}: permission denied (not executable?)") from None
 
 
+def _finite(value):
+    """`value` with every NaN or infinity (not JSON) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def cmd_status(args):
     from .daemon_link import request
     board = Board()
@@ -181,7 +193,8 @@ def cmd_status(args):
         clients = [{**board.client_status(i, s), "level": s.level if daemon else 1, "why": why, "suspended": False,
                     "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
     if args.json:
-        print(json.dumps({"policy": board.policy(), "daemon": daemon or None, "clients": clients}))
+        # strict JSON: a number another process of this user wrote into the board may be NaN
+        print(json.dumps(_finite({"policy": board.policy(), "daemon": daemon or None, "clients": clients})))
         return 0
     if not clients:
         print("no scheduled clients" + ("" if daemon else " (and no daemon running)"))
