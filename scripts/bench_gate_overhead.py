@@ -8,8 +8,13 @@ alternating segments (so host drift hits them alike), each segment's iterations/
   guarded         a higher-priority client is registered but idle: checks on every module call,
                   progressive window (default size)
   guarded-nowin   the same with the window off (the checks alone)
+  guarded-fresh   guarded, a new event per sync point (no reuse)                  (only with --configs)
+  guarded-max32   guarded, sync points up to 32 leaves apart while the GPU keeps up (only with --configs)
+--event-costs first prints the CPU time of each event operation a sync point makes (GPU kept busy).
 
     python scripts/bench_gate_overhead.py --model resnet50 --batch 16 [--rounds 5] [--profile guarded]
+    python scripts/bench_gate_overhead.py --rounds 9 --event-costs \
+        --configs none free guarded-nowin guarded guarded-fresh guarded-max32
 """
 import argparse
 import cProfile
@@ -30,6 +35,26 @@ from benchlib import provenance  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "wrapper", "free", "guarded", "guarded-nowin")
+MORE_CONFIGS = ("guarded-fresh", "guarded-max32")
+
+
+def event_costs(torch, n=20000):
+    """µs of CPU per event operation, with the GPU busy (a sleep kernel far ahead of the CPU)."""
+    out = {}
+
+    def timed(name, fn):
+        torch.cuda._sleep(int(2e9))               # keep the GPU busy: events stay pending
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t) / n * 1e6
+        torch.cuda.synchronize()
+    timed("Event()+record()", lambda: torch.cuda.Event().record())
+    event = torch.cuda.Event()
+    timed("record() of one event", lambda: event.record())
+    timed("query() pending", lambda: event.query())
+    timed("current_stream()", lambda: torch.cuda.current_stream())
+    return out
 
 
 def main():
@@ -38,13 +63,30 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--segment-s", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--profile", choices=CONFIGS, help="also print a cProfile of one segment in this configuration")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS + MORE_CONFIGS, default=list(CONFIGS))
+    p.add_argument("--event-costs", action="store_true", help="first time each event operation of a sync point")
+    p.add_argument("--profile", choices=CONFIGS + MORE_CONFIGS,
+                   help="also print a cProfile of one segment in this configuration")
     p.add_argument("--out")
     args = p.parse_args()
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")     # a board of its own
     import torch
     import xsched_lv3.pytorch as xt
+    import xsched_lv3.window as window_module
     from xsched_lv3.gate import Gate
+    costs = event_costs(torch) if args.event_costs else None
+    for name, us in (costs or {}).items():
+        print(f"{name:24s} {us:7.2f} us", flush=True)
+
+    class FreshRecorder(xt.TorchRecorder):
+        def record(self):
+            event = torch.cuda.Event()
+            event.record()
+            return event
+
+        def done(self, event):
+            return event.query()
+    default_max = window_module.MAX_COMMANDS_PER_SYNC
     shipped = torch.nn.Module.__call__
     model, x = build(args.model, args.batch)
     with torch.no_grad():
@@ -57,10 +99,11 @@ def main():
     def segment(config):
         torch.nn.Module.__call__ = shipped if config == "none" else wrapped
         hp = Gate(xt.TorchRecorder(), priority=10) if config.startswith("guarded") else None
+        window_module.MAX_COMMANDS_PER_SYNC = 32 if config == "guarded-max32" else default_max
         gate = None
         if config not in ("none", "wrapper"):
-            gate = Gate(xt.TorchRecorder(), priority=0, window_us=0 if config == "guarded-nowin" else
-                        xt.DEFAULT_WINDOW_US)
+            recorder = FreshRecorder() if config == "guarded-fresh" else xt.TorchRecorder()
+            gate = Gate(recorder, priority=0, window_us=0 if config == "guarded-nowin" else xt.DEFAULT_WINDOW_US)
         xt._process_gate = gate
         n, t0 = 0, time.monotonic()
         with torch.no_grad():
@@ -69,31 +112,37 @@ def main():
                 torch.cuda.current_stream().synchronize()
                 n += 1
         rate = n / (time.monotonic() - t0)
-        blocked = gate.blocked_syncs if gate else 0
+        blocked, syncs = (gate.blocked_syncs, gate.sync_points / n) if gate else (0, 0.0)
         xt._process_gate = None
         for g in (gate, hp):
             if g:
                 g.close()
-        return rate, blocked
+        return rate, blocked, syncs
 
-    rates = {c: [] for c in CONFIGS}
-    blocked = {c: 0 for c in CONFIGS}
+    configs = list(dict.fromkeys(["none"] + args.configs))      # "none" is the reference
+    rates = {c: [] for c in configs}
+    blocked = {c: 0 for c in configs}
+    syncs = {c: [] for c in configs}
     for round_ in range(args.rounds):
-        for config in random.Random(round_).sample(CONFIGS, len(CONFIGS)):   # no config always first
-            rate, b = segment(config)
+        for config in random.Random(round_).sample(configs, len(configs)):   # no config always first
+            rate, b, per_iter = segment(config)
             rates[config].append(rate)
             blocked[config] += b
+            syncs[config].append(per_iter)
     base = statistics.median(rates["none"])
     doc = {"benchmark": "gate overhead, one process, alternating segments", **provenance(),
            "torch": torch.__version__, "model": args.model, "batch": args.batch, "segment_s": args.segment_s,
            "rounds": args.rounds, "configs": {}}
-    for config in CONFIGS:
+    if costs:
+        doc["event_costs_us"] = costs
+    for config in configs:
         med = statistics.median(rates[config])
         doc["configs"][config] = {"iters_per_s": rates[config], "median": med, "vs_none": med / base,
-                                  "blocked_window_waits": blocked[config]}
+                                  "blocked_window_waits": blocked[config],
+                                  "sync_points_per_iter": statistics.median(syncs[config])}
         print(f"{args.model} b{args.batch} {config:14s} {med:8.1f} it/s  {med / base:6.3f} of none  "
-              f"(range {min(rates[config]):.1f}-{max(rates[config]):.1f}, blocked waits {blocked[config]})",
-              flush=True)
+              f"(range {min(rates[config]):.1f}-{max(rates[config]):.1f}, blocked waits {blocked[config]}, "
+              f"sync points/iter {statistics.median(syncs[config]):.1f})", flush=True)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

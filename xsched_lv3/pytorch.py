@@ -40,7 +40,7 @@ class TorchRecorder:
         self.torch = torch
         # Events the gate dropped once they completed, recorded again: creating and destroying an event
         # per sync point cost a launch-bound ResNet-50 b16 about 4 % on an H100
-        # (scripts/probes/sync_cost.py, results/diagnostics/sync_cost_*.json).
+        # (scripts/bench_gate_overhead.py, results/diagnostics/sync_cost_*.json).
         self._reusable = []
 
     def record(self):

@@ -29,7 +29,7 @@ DEFAULT_WINDOW_US = 500.0
 # overshoots the window by at most two such segments, once, before the window learns. A sync point
 # costs a launch-bound client far more than its CPU time (an event recorded and queried amid its
 # launches): on an H100, ResNet-50 b16 lost 12 % at one every 32 leaves and 7 % at one every 128
-# (scripts/probes/sync_cost.py, results/diagnostics/sync_cost_*.json).
+# (scripts/bench_gate_overhead.py, results/diagnostics/sync_cost_*.json).
 MAX_COMMANDS_PER_SYNC = 128
 # A learned estimate is forgotten after this many sync points in a row that found the GPU keeping up:
 # the client is launch-bound (now), its in-flight work small whatever the estimate says, and a sync
