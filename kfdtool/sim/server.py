@@ -29,6 +29,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +127,7 @@ class Sleeper:
     is looked at after every request."""
     conn: Connection
     blocked: Blocked
-    respond: object
+    respond: Callable[[], None]
     done_at: int | None = None
     waits_for: tuple | None = None
 
