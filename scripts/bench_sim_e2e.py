@@ -171,32 +171,36 @@ def ratios(doc):
 
 
 def table(paths):
-    """Markdown: HP P99 (ms) and LP throughput (share of the LP alone) per variant, median (min-max)
-    over the given runs."""
+    """Markdown: HP P99 (ms) and LP throughput (share of the LP alone) per variant over the given
+    runs: the value of one run, both of two, the median (min-max) of more."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
                                                                         int(k.split("/")[1])))
     lines = ["| machine | LP kernel | processes | HP P99 alone | native: HP P99 / LP | Lv1: HP P99 / LP "
              "| Lv3: HP P99 / LP |", "|---|---|---|---|---|---|---|"]
 
-    def cell(values, fmt):
+    def cell(values, fmt, unit=""):
         if not values:
             return "-"
-        med = statistics.median(values)
-        return fmt.format(med) + (f" ({fmt.format(min(values))}-{fmt.format(max(values))})" if len(values) > 1 else "")
+        if len(values) <= 2:
+            return ", ".join(fmt.format(v) for v in values) + unit
+        return (f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+                + unit)
     for key in keys:
         machine, lps, kernel_us = key.split("/")
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
         row = [machine, f"{float(kernel_us) / 1000:g} ms", f"1 HP + {lps} LP",
-               cell([p["hp_alone_p99_ms"] for p in per], "{:.1f} ms")]
+               cell([p["hp_alone_p99_ms"] for p in per], "{:.1f}", " ms")]
         for v in ("native", "lv1", "lv3"):
-            row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f} ms") + " / "
+            row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f}", " ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
     revisions = sorted({r['git_revision'][:7] for r in runs})
     cpus = sorted({r["cpu_count"] for r in runs})
+    per_row = sorted({sum(key in r["ratios"] for r in runs) for key in keys})
     return "\n".join(lines) + (f"\n\n{len(runs)} results files (revisions {', '.join(revisions)}; "
-                               f"{'/'.join(map(str, cpus))} CPUs): one run per row, 501 HP requests each.")
+                               f"{'/'.join(map(str, cpus))} CPUs): {' or '.join(map(str, per_row))} run(s) per row "
+                               f"(two: both listed; more: median (min-max)), 501 HP requests each.")
 
 
 def main():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kfdtool.sim.execution import MIN_WAVE_US, Execution, share_round_robin
+from kfdtool.sim.execution import EVENT_TICK_US, MIN_WAVE_US, Execution, share_round_robin
 from kfdtool.sim.state import SimQueue
 
 GPU = 1
@@ -228,13 +228,14 @@ def test_a_kernel_shorter_than_its_own_rounds_is_modelled_with_waves_of_at_least
 
 
 def test_catching_up_at_hours_of_boot_time_retires_even_the_tiniest_kernel():
-    """A kernel of 1e-6 µs rounds to a 1 ns wave: it retires (the float model once spun forever
-    on a head whose end rounded to its start)."""
+    """A kernel of 1e-6 µs rounds to a 1 ns wave: it retires, on the first event tick (the float
+    model once spun forever on a head whose end rounded to its start)."""
     gpu = Gpu()
     q = gpu.queue()
     gpu.launch(q, 0, [(1e-6, 8), (10.0, 8)])
-    assert gpu.completed(q, 0.005) == 1
-    assert gpu.execution.head_remaining_us(q, at(0.005)) == pytest.approx(5.0, abs=2e-3)
+    tick_ms = EVENT_TICK_US / 1e3
+    assert gpu.completed(q, tick_ms) == 1
+    assert gpu.execution.head_remaining_us(q, at(tick_ms + 0.005)) == pytest.approx(5.0, abs=2e-3)
 
 
 def test_many_waves_and_many_queues_stay_cheap():
@@ -252,3 +253,70 @@ def test_many_waves_and_many_queues_stay_cheap():
     assert last == pytest.approx(16 * 4 * 10, rel=1e-3)                # the device is never idle
     assert [q.completed for q in queues] == [4] * 16
     assert elapsed < 3.0, f"{elapsed:.2f} s of CPU"
+
+
+def service_beside_three_suspended_batch_jobs(gpu, requests):
+    """What the simulated end-to-end benchmark does at Lv3 (scripts/bench_sim_e2e.py): three batch
+    jobs of full-device 8 ms kernels, and a service request of 20 kernels of 100 µs every ~50 ms
+    during which the daemon suspends the batch jobs one by one and resumes them (each an HWS stall
+    of the device, at its own moment). Returns the batch queues and the service's."""
+    batch = [gpu.queue() for _ in range(3)]
+    service = gpu.queue()
+    for q in batch:
+        gpu.launch(q, 0, [(8000, SLOTS)] * 200)
+    for k in range(requests):
+        t0 = 50.37 * k
+        gpu.launch(service, t0, [(100, SLOTS // 4)] * 20)
+        for i, q in enumerate(batch):
+            q.is_suspended = True
+            gpu.execution.stall(GPU, 47e-6 + 13e-6 * i, at(t0 + 0.3 + 0.41 * i))
+            gpu.replan(t0 + 0.3 + 0.41 * i)
+        for i, q in enumerate(batch):
+            q.is_suspended = False
+            gpu.execution.stall(GPU, 47e-6 + 7e-6 * i, at(t0 + 4.1 + 0.53 * i))
+            gpu.replan(t0 + 4.1 + 0.53 * i)
+        ms = t0 + 6
+        while ms < t0 + 50:                     # the processes' doorbells look about every ms
+            gpu.completed(service, ms)
+            ms += 0.97
+    return batch, service
+
+
+def test_a_service_beside_three_suspended_batch_jobs_is_simulated_faster_than_real_time():
+    """The server plays the device's events in its one thread: if a simulated second costs about a
+    second of CPU, every reply waits. Waves dispatched in pieces, CWSR restores and HWS stalls give
+    the waves' ends ever more distinct moments; before waves retired on the event tick, one
+    simulated second of this took ~0.9 s of CPU (~260 cohorts, ~120k events per second)."""
+    gpu = Gpu()
+    started = time.process_time()
+    batch, service = service_beside_three_suspended_batch_jobs(gpu, requests=20)
+    elapsed = time.process_time() - started
+    assert service.completed == 20 * 20
+    assert sum(q.completed for q in batch) >= 100          # ~1 s of three batch jobs sharing the device
+    assert elapsed < 0.25, f"{elapsed:.2f} s of CPU for one simulated second"
+
+
+def test_a_wake_far_ahead_is_a_bounded_replay_that_still_lands_on_the_completion():
+    """The server arms its wake timer from `wake_ns`, in its one thread, after every change of
+    plan: a batch job's call of 20 kernels ~0.5 s ahead is not replayed in one go (that took up to
+    48 ms, during which nobody got a reply). Looking again at each moment it returns ends exactly
+    at the moment the full replay projects."""
+    gpu = Gpu()
+    batch, _service = service_beside_three_suspended_batch_jobs(gpu, requests=4)
+    q = batch[0]
+    count = q.completed + 20
+    now = at(201.5)
+    gpu.execution.completed(q, now)
+    exact = gpu.execution.projected_done_ns(q, count)
+    looks = 0
+    while True:
+        started = time.process_time()
+        wake = gpu.execution.wake_ns([(q, count)], now)
+        assert time.process_time() - started < 0.02
+        looks += 1
+        assert now <= wake <= exact
+        if gpu.execution.completed(q, wake) >= count:
+            break
+        now = wake
+    assert wake == exact
+    assert looks > 1                                       # it was further than one replay

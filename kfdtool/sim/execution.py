@@ -13,6 +13,14 @@ The model: wave slots, filled by dispatch and freed only when waves retire or ar
   whole kernel, if shorter): a kernel of more, shorter waves is modelled as fewer, longer ones.
   A bound on the events per simulated second (ESTIMATE where it applies: a kernel arriving then
   may wait up to MIN_WAVE_US longer for a slot than on hardware).
+- Waves retire on a tick: at the first multiple of EVENT_TICK_US (of the monotonic clock) at or
+  after their end, so a wave lasts up to EVENT_TICK_US longer than modelled. Without it the
+  moments at which waves end drift apart (a kernel's waves dispatched in pieces as slots free,
+  other queues' waves, CWSR restores and HWS stalls each add end times that never merge again):
+  three batch jobs of full-device 8 ms kernels reached ~1000 distinct end times, ~120k events per
+  simulated second, more than the server's one thread could play in real time. With the tick the
+  events are at most 1 / EVENT_TICK_US per simulated second. A modelling bound, not a hardware
+  fact (ESTIMATE).
 - Waves are dispatched onto free slots and keep them until they retire: a running wave is never
   preempted, so a kernel that arrives while other waves fill the device waits for them to retire,
   then competes for the slots they free. SOURCED: ROCm HIP docs, "Hardware Implementation"
@@ -47,27 +55,41 @@ retire together, so a kernel of millions of waves on thousands of slots costs a 
 round, not one per wave. Time is real (time.monotonic_ns), as in the rest of the server. Nothing
 is polled: the state is caught up exactly, event by event, when someone looks (a doorbell, a query,
 a state change), under the plan (which queues run) that held until then. The server wakes for the
-moment a waiter's count is reached (`projected_done_ns`, replaying the same events on a copy),
-through `WakeTimer`.
+moment a waiter's count is reached (`wake_ns`, replaying the same events on a copy), through
+`WakeTimer`. That replay runs in the server's one thread, so it is bounded: at most
+PROJECTION_EVENTS events per device, and one replay for all the waiters of a device, kept until its
+plan changes. A waiter further away than that gets a wake at the last event replayed, where the
+replay goes on from the caught-up state.
 """
+import bisect
 import ctypes
 import math
+import operator
 import os
 
 from .timing import max_waves
 
+_END = operator.itemgetter(1)     # a cohort's end
 AQL_PACKET_BYTES = 64          # hsa_kernel_dispatch_packet_t: a ring holds ring_size / 64 packets
 MAX_WORK_US = 600e6            # a kernel of more than 10 minutes is a mistake, not a workload
 MAX_WAVES = 1 << 24
 # The shortest modelled wave: about the server's own round trip (~0.1 ms), below which a shorter
 # wave could not be observed anyway. A modelling bound (see above), not a hardware fact.
 MIN_WAVE_US = 100.0
+# Events one wake projection replays at most (~10-20 µs each in CPython). Unbounded, three batch
+# jobs of 8 ms kernels sharing a device (their waves fragment into ~100 cohorts) took ~2000 events
+# and up to 48 ms of the server's one thread to project a waiter 100-300 ms ahead, after every
+# change of plan (each launch of another process): every other process's reply waited meanwhile.
+PROJECTION_EVENTS = 64
+EVENT_TICK_US = MIN_WAVE_US    # waves retire on this grid (see above): no finer than a modelled wave
+EVENT_TICK_NS = int(EVENT_TICK_US * 1e3)
 
 
 class Lane:
     """One queue's work on its device: the dispatch state of its head kernel. The kernels stay in
     q.kernels, which only the Execution changes (so a projection can replay a copy of the lane).
-    Cohorts are [waves, end_ns] on slots; saved cohorts [waves, ns left] (CWSR)."""
+    Cohorts are [waves, end_ns] on slots, in the order of their ends (the next to retire first,
+    one cohort per end); saved cohorts [waves, ns left] (CWSR)."""
 
     __slots__ = ("q", "proc", "runnable", "retired", "has_head", "wave_ns", "undispatched",
                  "cohorts", "resident", "saved", "saved_waves")
@@ -105,7 +127,7 @@ class Lane:
         while n and self.saved:
             waves, left_ns = self.saved[-1]
             take = min(waves, n)
-            self.cohorts.append([take, at_ns + left_ns])
+            self._add_cohort(take, at_ns + left_ns)
             if take == waves:
                 self.saved.pop()
             else:
@@ -114,7 +136,18 @@ class Lane:
             n -= take
         if n:
             self.undispatched -= n
-            self.cohorts.append([n, at_ns + self.wave_ns])
+            self._add_cohort(n, at_ns + self.wave_ns)
+
+    def _add_cohort(self, waves, end_ns):
+        cohorts = self.cohorts
+        if not cohorts or cohorts[-1][1] < end_ns:
+            cohorts.append([waves, end_ns])          # the usual case: a head's waves end in dispatch order
+            return
+        i = bisect.bisect_left(cohorts, end_ns, key=_END)
+        if i < len(cohorts) and cohorts[i][1] == end_ns:
+            cohorts[i][0] += waves
+        else:
+            cohorts.insert(i, [waves, end_ns])
 
 
 class DeviceClock:
@@ -187,40 +220,60 @@ class DeviceClock:
 
     # --- events -------------------------------------------------------------------------------------
     def next_event_ns(self):
-        """The next moment something happens: waves retire, or an HWS stall ends (dispatch resumes)."""
-        ends = [end for lane in self.lanes.values() for _waves, end in lane.cohorts]
+        """The next moment something happens: waves retire (on the tick at or after the first end),
+        or an HWS stall ends (dispatch resumes)."""
+        ends = [_on_tick(lane.cohorts[0][1]) for lane in self.lanes.values() if lane.cohorts]
         if self.stalled_until_ns > self.last_ns:
             ends.append(self.stalled_until_ns)
         return min(ends) if ends else None
 
-    def advance(self, until_ns, target=None, count=0):
-        """Play the events up to `until_ns`. With a `target` lane: stop, and return the moment, once
-        it has retired `count` kernels; None if it never will under this plan."""
+    def advance(self, until_ns):
+        """Play the events up to `until_ns`."""
         while True:
-            if target is not None and not target.runnable and not target.cohorts:
-                return None                   # stopped and nothing left on slots: no progress
             at_ns = self.next_event_ns()
             if at_ns is None or at_ns > until_ns:
                 break
-            self.last_ns = at_ns
-            self.retire(at_ns)
-            self.dispatch(at_ns)
-            if target is not None and target.retired >= count:
-                return at_ns
+            self.play(at_ns)
         self.last_ns = max(self.last_ns, until_ns)
-        return None
+
+    def play(self, at_ns):
+        """The event at `at_ns`: waves retire, freed slots are dispatched."""
+        self.last_ns = at_ns
+        self.retire(at_ns)
+        self.dispatch(at_ns)
+
+    def first_done(self, targets, max_events=math.inf):
+        """Play events (on a copy: this moves the clock) until one of `targets` [(lane, kernels it
+        must retire)] has: (that moment, True). (the last event's moment, False) after `max_events`
+        events with none done; None if none ever will under this plan."""
+        if any(lane.retired >= count for lane, count in targets):
+            return self.last_ns, True
+        played = 0
+        while played < max_events:
+            if all(not lane.runnable and not lane.cohorts for lane, _count in targets):
+                return None                   # stopped and nothing left on slots: no progress
+            at_ns = self.next_event_ns()
+            if at_ns is None:
+                return None
+            self.play(at_ns)
+            played += 1
+            if any(lane.retired >= count for lane, count in targets):
+                return at_ns, True
+        return self.last_ns, False
 
     def retire(self, at_ns):
         """Waves whose end has come leave their slots; a head whose last wave left completes and
         the next kernel of its queue becomes the head."""
         for lane in self.lanes.values():
-            if not lane.cohorts or min(end for _waves, end in lane.cohorts) > at_ns:
+            cohorts = lane.cohorts
+            if not cohorts or cohorts[0][1] > at_ns:
                 continue
-            still = [cohort for cohort in lane.cohorts if cohort[1] > at_ns]
-            left = sum(waves for waves, _end in still)
-            self.free += lane.resident - left
-            lane.cohorts, lane.resident = still, left
-            if not left and not lane.undispatched and not lane.saved_waves:
+            ended = bisect.bisect_right(cohorts, at_ns, key=_END)
+            freed = sum(waves for waves, _end in cohorts[:ended])
+            del cohorts[:ended]
+            self.free += freed
+            lane.resident -= freed
+            if not cohorts and not lane.undispatched and not lane.saved_waves:
                 lane.retired += 1
                 self.load_head(lane)
 
@@ -250,6 +303,11 @@ class DeviceClock:
         return (max(in_flight, default=0) + rounds_left * lane.wave_ns) / 1e3
 
 
+def _on_tick(ns):
+    """The first moment of the event tick at or after `ns`."""
+    return -(-ns // EVENT_TICK_NS) * EVENT_TICK_NS
+
+
 def share_round_robin(free, wants, turn):
     """Split `free` slots among heads wanting `wants`, as dealing one wave at a time round-robin
     would: equal shares, no head more than it wants, the remainder one each from index `turn`."""
@@ -275,6 +333,7 @@ class Execution:
         self.kfd = kfd
         self.clocks = {gpu: DeviceClock(gpu, max_waves(dev.node), dev.cwsr_enabled)
                        for gpu, dev in kfd.devices.items()}
+        self.wakes = {}                 # gpu_id -> (epoch, waits, moment): the device's last wake_ns
 
     # --- dispatch and completion ------------------------------------------------------------------
     def dispatch(self, proc, q, kernels, now_ns):
@@ -385,14 +444,50 @@ class Execution:
 
     def projected_done_ns(self, q, count):
         """When `q` will have completed `count` kernels if nothing changes meanwhile (the events
-        of the device's plan replayed on a copy); None if it will not (the queue does not run)."""
+        of the device's plan replayed on a copy, however many); None if it will not (the queue
+        does not run)."""
         if q.completed >= count:
             return 0
         clock = self.clocks[q.gpu_id]
         if id(q) not in clock.lanes:
             return None
         twin = clock.copy()
-        return twin.advance(math.inf, twin.lanes[id(q)], count - q.completed)
+        done = twin.first_done([(twin.lanes[id(q)], count - q.completed)])
+        return None if done is None else done[0]
+
+    def wake_ns(self, waits, now_ns):
+        """When to look again for `waits` [(q, count)]: the earliest moment one of them may have
+        completed `count` kernels, if no plan changes meanwhile, or None (none will). Per device
+        one replay of at most PROJECTION_EVENTS events from now, on a copy, for all its waits; a
+        wait beyond them gets the last event replayed (look again there). Kept until the device's
+        plan or waits change, or the moment passes."""
+        soonest = None
+        by_gpu = {}
+        for q, count in waits:
+            if q.gpu_id in self.clocks:
+                by_gpu.setdefault(q.gpu_id, []).append((q, count))
+        for gpu_id, device_waits in by_gpu.items():
+            at_ns = self._device_wake_ns(gpu_id, device_waits, now_ns)
+            if at_ns is not None and (soonest is None or at_ns < soonest):
+                soonest = at_ns
+        return soonest
+
+    def _device_wake_ns(self, gpu_id, waits, now_ns):
+        clock = self.clocks[gpu_id]
+        key = tuple(sorted((id(q), count) for q, count in waits))
+        kept = self.wakes.get(gpu_id)
+        if kept is not None and kept[:2] == (clock.epoch, key) and (kept[2] is None or kept[2] > now_ns):
+            return kept[2]
+        self.catch_up(gpu_id, now_ns)            # replay from now: what is past is past
+        if any(q.completed >= count for q, count in waits):
+            at_ns = now_ns                       # answerable now
+        else:
+            twin = clock.copy()
+            targets = [(twin.lanes[id(q)], count - q.completed) for q, count in waits if id(q) in twin.lanes]
+            done = twin.first_done(targets, PROJECTION_EVENTS) if targets else None
+            at_ns = None if done is None else done[0]
+        self.wakes[gpu_id] = (clock.epoch, key, at_ns)
+        return at_ns
 
 
 def _exists(q, proc):

@@ -29,6 +29,8 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..pids import ExitWatch, alive
@@ -117,6 +119,19 @@ class Connection:
         return not self.outbox and not self.sleeping and not self.closed
 
 
+@dataclass(eq=False)
+class Sleeper:
+    """A call that sleeps in the simulated kernel until `blocked.ready()`; then `respond()` finishes
+    it and replies. The wake timer fires at `done_at` (monotonic ns: a modelled ioctl cost) or when
+    the simulated GPU may have completed `waits_for` (queue, count); a Blocked ioctl has neither and
+    is looked at after every request."""
+    conn: Connection
+    blocked: Blocked
+    respond: Callable[[], None]
+    done_at: int | None = None
+    waits_for: tuple | None = None
+
+
 class SimServer(ConnectionLoop):
     def __init__(self, state_dir, preset, abi="1.23", parameters=None, realtime=True, patched_preempt=False,
                  max_connections=MAX_CONNECTIONS, max_connections_per_uid=MAX_CONNECTIONS_PER_UID,
@@ -139,9 +154,7 @@ class SimServer(ConnectionLoop):
         self.wake = WakeTimer()         # fires when a waited-on kernel completes
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
-        # calls that sleep: (conn, Blocked, respond() that finishes the call and replies,
-        # deadline() -> monotonic ns it may be ready at or None; a wait's projected completion)
-        self.blocked = []
+        self.blocked = []             # Sleeper: calls that sleep
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
@@ -320,7 +333,7 @@ class SimServer(ConnectionLoop):
         for _data, fds in conn.outbox:         # SMI fds of replies it never took
             for f in fds:
                 f.close()
-        self.blocked = [b for b in self.blocked if b[0] is not conn]
+        self.blocked = [b for b in self.blocked if b.conn is not conn]
         self.connections_of[conn.uid] -= 1
         if not self.connections_of[conn.uid]:
             del self.connections_of[conn.uid]
@@ -376,7 +389,7 @@ class SimServer(ConnectionLoop):
             self.dqm_free_ns = done_at
             regions = mem.copied_to_user
             self._sleep(conn, Blocked(lambda: time.monotonic_ns() >= done_at, None),
-                        lambda: self._reply(conn, ret, out, regions), lambda: done_at)
+                        lambda: self._reply(conn, ret, out, regions), done_at=done_at)
             return
         self._reply(conn, ret, out, mem.copied_to_user)
 
@@ -386,10 +399,10 @@ class SimServer(ConnectionLoop):
         msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds)) + out + pack_regions(regions.items()))
         self._send(conn, msg, fds)
 
-    def _sleep(self, conn, blocked, respond, deadline=None):
+    def _sleep(self, conn, blocked, respond, done_at=None, waits_for=None):
         """`conn`'s call sleeps until `blocked.ready()`; then `respond()` answers it."""
         conn.sleeping = True
-        self.blocked.append((conn, blocked, respond, deadline))
+        self.blocked.append(Sleeper(conn, blocked, respond, done_at, waits_for))
 
     def _finish_ioctl(self, conn, blocked, out):
         try:
@@ -402,21 +415,23 @@ class SimServer(ConnectionLoop):
 
     def _retry_blocked(self):
         while True:
-            ready = [b for b in self.blocked if b[1].ready()]
+            ready = [b for b in self.blocked if b.blocked.ready()]
             if not ready:
                 return
-            for entry in ready:
-                self.blocked.remove(entry)
-                conn, _blocked, respond, _deadline = entry
-                conn.sleeping = False
-                respond()
-                self._take_requests(conn)
-                self._watch(conn)
+            for sleeper in ready:
+                self.blocked.remove(sleeper)
+                sleeper.conn.sleeping = False
+                sleeper.respond()
+                self._take_requests(sleeper.conn)
+                self._watch(sleeper.conn)
 
     def _arm_wake(self):
-        """The timerfd fires at the earliest moment a sleeping wait may be answered."""
-        deadlines = [d for d in (entry[3]() for entry in self.blocked if entry[3]) if d is not None]
-        self.wake.arm(min(deadlines) if deadlines else None)
+        """The timerfd fires at the earliest moment a sleeping call may be answered."""
+        now = time.monotonic_ns()
+        moments = [b.done_at for b in self.blocked if b.done_at is not None]
+        moments.append(self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for], now))
+        moments = [m for m in moments if m is not None]
+        self.wake.arm(min(moments) if moments else None)
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
     def _doorbell(self, conn, sender, msg):
@@ -468,17 +483,9 @@ class SimServer(ConnectionLoop):
                                   f"kernels ({q.completed} done)"}
             self._send(conn, json_frame(reply))
 
-        clock = self.execution.clocks[q.gpu_id]
-        projection = [None, None]                    # [device epoch, projected ns]: recomputed on change
-
-        def deadline():
-            if projection[0] != clock.epoch:
-                projection[:] = clock.epoch, self.execution.projected_done_ns(q, count)
-            return projection[1]
-
         if ready():
             return respond()
-        self._sleep(conn, Blocked(ready, None), respond, deadline)
+        self._sleep(conn, Blocked(ready, None), respond, waits_for=(q, count))
 
     def _forget(self, sock):
         try:
