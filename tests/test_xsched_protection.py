@@ -200,13 +200,16 @@ def interfering_lower_client(xt, torch, slowdown_s):
 
 
 def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
+    """Each launch of the service 20 ms slower while the LP may run. An exposed request that starts while
+    the LP still runs overruns (the guard cannot undo a launch under way); one that starts while the LP is
+    still held is guarded in time and does not. Either way the run ends held, after at most two overruns."""
     torch, gpu, xt = torch_fake
-    n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 20
-    with interfering_lower_client(xt, torch, 0.010) as interference:
+    n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 60
+    with interfering_lower_client(xt, torch, 0.020) as interference:
         active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
-    assert not stats["exposing"] and stats["probes"] == 1
-    assert stats["exposed_requests"] == 1              # slower than any protected request: the probe ends there
-    assert active_seen == n                            # ... and the exposure guard protected it while it ran
+    assert not stats["exposing"] and stats["probes"] == 1, stats
+    assert 1 <= stats["overruns"] <= 2, stats          # a P99 is not left to overruns
+    assert stats["exposed_requests"] < n // 4, stats
 
 
 def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake, monkeypatch):
