@@ -496,3 +496,25 @@ def test_the_recorder_reuses_completed_events_and_never_a_pending_one(torch_fake
     assert recorder.done(pending)
     assert recorder.record() is pending          # reused once done
     assert recorder.record() is not second       # `second` was never reported done: not reused
+
+
+def test_a_reused_event_from_another_gpu_is_replaced_not_raised(torch_fake, monkeypatch):
+    """An event belongs to the GPU it was first recorded on, and recording it on another GPU's stream
+    raises: a process that switches GPUs gets a new event there, never an error from the scheduler."""
+    torch, gpu, xt = torch_fake
+    recorder = xt.TorchRecorder()
+    first = recorder.record()
+    torch.cuda.Stream().synchronize()
+    assert recorder.done(first)                  # dropped by the window: up for reuse
+    device = {"now": 1}
+    original = torch.cuda.Event.record
+
+    def record_on_its_device(event, stream=None):
+        if getattr(event, "device", device["now"]) != device["now"]:
+            raise RuntimeError("Event device 0 does not match recording stream's device 1")
+        event.device = device["now"]
+        return original(event, stream)
+    first.device = 0
+    monkeypatch.setattr(torch.cuda.Event, "record", record_on_its_device)
+    second = recorder.record()
+    assert second is not first and second.device == 1

@@ -50,7 +50,15 @@ class TorchRecorder:
         try:
             event = self._reusable.pop()
         except IndexError:                     # none (threads of one process share this recorder)
-            event = self.torch.cuda.Event()
+            return self._new_event()
+        try:
+            event.record()
+        except RuntimeError:                   # recorded on another GPU before: an event keeps its device
+            return self._new_event()
+        return event
+
+    def _new_event(self):
+        event = self.torch.cuda.Event()
         event.record()
         return event
 
