@@ -300,7 +300,7 @@ class Gate:
                 self._protect_at = None
             with self._lock:
                 if period == self._period and self._busy_since is not None and not self._protecting:
-                    self._protecting = True        # slower than any protected request: hold them after all
+                    self._protecting = True        # past the guard deadline: hold them after all
                     self._mark(True)
 
     # --- per module call, while guarded ------------------------------------------------------------------

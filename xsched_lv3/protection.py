@@ -37,7 +37,7 @@ from collections import deque
 
 DEFAULT_LATENCY_SLACK = 0.10   # the P99 an exposed request may cost, as a fraction of the protected P99
 BASELINE_REQUESTS = 32         # protected requests before the first probe, and the comparison's sample
-PROBE_REQUESTS = 8             # exposed requests in one probe (and per re-check while exposed)
+PROBE_REQUESTS = 8             # exposed requests in one probe
 FIRST_PROBE_GAP = 32           # protected requests between a failed probe and the next, first
 MAX_PROBE_GAP = 4096
 REFRESH_EVERY = 8              # while exposed, one request in this many is protected

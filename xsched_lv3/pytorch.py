@@ -48,18 +48,11 @@ class TorchRecorder:
         wait sleeps in the driver and wakes up to a millisecond late, which on a request
         completion holds every lower-priority client back that much longer."""
         try:
-            event = self._reusable.pop()
-        except IndexError:                     # none (threads of one process share this recorder)
-            return self._new_event()
-        try:
+            event = self._reusable.pop()       # IndexError: none (threads of one process share these)
+            event.record()                     # RuntimeError: first recorded on another GPU (it keeps it)
+        except (IndexError, RuntimeError):
+            event = self.torch.cuda.Event()
             event.record()
-        except RuntimeError:                   # recorded on another GPU before: an event keeps its device
-            return self._new_event()
-        return event
-
-    def _new_event(self):
-        event = self.torch.cuda.Event()
-        event.record()
         return event
 
     def done(self, event):
