@@ -19,7 +19,6 @@ alternating segments (so host drift hits them alike), each segment's iterations/
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import random
@@ -31,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
-from benchlib import provenance  # noqa: E402
+from benchlib import provenance, write_results  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "wrapper", "free", "guarded", "guarded-nowin")
@@ -153,7 +152,7 @@ def main():
         doc["profile"] = {"config": args.profile, "top_by_tottime": text.getvalue()}
         print(text.getvalue())
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        write_results(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchlib import provenance  # noqa: E402  (next to this script)
+from benchlib import provenance, write_results  # noqa: E402  (next to this script)
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend  # noqa: E402
 from kfdtool.cwsr.update_queue import OwnQueue, UpdateQueueSuspend  # noqa: E402
 from kfdtool.device import KfdDevice  # noqa: E402
@@ -187,10 +187,9 @@ def main():
     doc = {"benchmark": "queue suspend/resume latency", **provenance(), "simulation": True,
            "note": "simulated KFD with kfdtool.sim.timing; wall times include the simulator IPC round trip",
            "host": {"cores": os.cpu_count(), "python": platform.python_version()}, "machines": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
-    plotted = plot(results, args.out + ".png")
-    print(f"wrote {args.out}.json" + (" and .png" if plotted else ""))
+    write_results(args.out + ".json", doc)
+    if plot(results, args.out + ".png"):
+        print(f"wrote {args.out}.png")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Also reports the throughput cost of the window on the queue alone (commands/s vs
 Results: results/bench_preempt_latency.{json,png}
 """
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchlib import provenance  # noqa: E402  (next to this script)
+from benchlib import provenance, write_results  # noqa: E402  (next to this script)
 from xsched_lv3 import XQueue  # noqa: E402
 from xsched_lv3.backends.torch import TorchHwQueue  # noqa: E402
 
@@ -94,8 +93,7 @@ def main():
             print({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
     doc = {"benchmark": "Lv1 preemption latency (suspend request -> queue idle)", **provenance(), "card": card,
            "torch": torch.__version__, "cycles_per_us": cpu, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out + ".json", doc)
     try:
         import matplotlib
         matplotlib.use("Agg")

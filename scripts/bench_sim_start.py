@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import provenance  # noqa: E402
+from benchlib import provenance, write_results  # noqa: E402
 
 TARGET_S = 1.0          # issue 9: `kfdtool sim start` in at most a second for every preset
 
@@ -114,9 +114,7 @@ def main():
            "xdg_runtime_dir": os.environ.get("XDG_RUNTIME_DIR"),     # where a tree on a disk links to
            "load_average_at_start": load_at_start,
            "presets": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, doc)
     return 0 if all(r["within_target"] for r in rows) else 1
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "scripts" / "workloads"
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import latency_summary, provenance, run_together, xsched_run  # noqa: E402
+from benchlib import latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
 
 PAIRS = {                       # name: (HP model, batch), (LP model, batch)
     "r18b4-r50b16": (("resnet18", 4), ("resnet50", 16)),
@@ -211,11 +211,9 @@ def main():
     measure(args, doc)
     doc["ratios"] = {f"{k[0]} {k[1]}": v for k, v in ratios(doc).items()}
     out = Path(args.out or REPO / "results" / f"bench_two_models_{'_'.join(args.modes)}_r{args.rep}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
     for key, r in doc["ratios"].items():
         print(key, {k: round(v, 3) for k, v in r.items() if k != "lp_vs_alone_all"})
-    print(f"wrote {out}")
+    write_results(out, doc)
 
 
 if __name__ == "__main__":
