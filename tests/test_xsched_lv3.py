@@ -262,6 +262,44 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake
     assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
 
 
+def test_the_lower_clients_are_suspended_all_at_once(fake_engine, monkeypatch):
+    """SUSPEND_QUEUES names one process, so three lower clients take three calls: they are in
+    flight together (a barrier that only three concurrent calls pass), so the HP waits for the
+    slowest, not for the sum of their round trips; and all three are resumed once it is idle."""
+    import threading
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    others = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        together = threading.Barrier(3, timeout=5)
+        fake_suspend = FakeMechanism.suspend
+
+        def suspend(self, qids=None, grace_period=None):
+            together.wait()             # BrokenBarrierError unless all three calls are in flight
+            return fake_suspend(self, qids, grace_period)
+        hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+        lps = [board.allocate(p.pid, 0, 0, DEVICE) for p in (lp_proc, *others)]
+        engine = make_engine()
+        engine.sync(now=100.0)
+        monkeypatch.setattr(FakeMechanism, "suspend", suspend)
+        board.set_active(hp, True)
+        engine.sync(now=100.001)
+        assert all(engine.clients[lp].suspended_at is not None for lp in lps)
+        assert sorted(pid for op, pid in FakeMechanism.calls if op == "suspend") == \
+            sorted(p.pid for p in (lp_proc, *others))
+        assert not together.broken
+        board.set_active(hp, False)
+        engine.sync(now=200.0)          # idle: the resumes are due after the hysteresis
+        engine.sync(now=201.0)
+        assert all(engine.clients[lp].suspended_at is None for lp in lps)
+        assert sorted(pid for op, pid in FakeMechanism.calls if op == "resume") == \
+            sorted(p.pid for p in (lp_proc, *others))
+        engine.close()
+    finally:
+        for proc in others:
+            proc.kill()
+            proc.wait()
+
+
 def xsched(*args):
     return subprocess.run([sys.executable, "-m", "xsched_lv3", *args], capture_output=True, text=True, timeout=60)
 

@@ -17,7 +17,9 @@ HWS reality (kfd_device_queue_manager.c: suspend_queues and resume_queues end in
 execute_queues_cpsch): every suspend and every resume unmaps and remaps *all* queues of the device,
 the high-priority client's included, so each one stalls everybody for a remap. Hence:
   * one SUSPEND_QUEUES per client, all its queues in one call (the ioctl names one target pid, so
-    several clients cannot share a call);
+    several clients cannot share a call), and the calls for several clients issued at once, from
+    threads: they queue for each other only on the kernel's DQM lock, not behind each other's
+    system-call round trips (`ParallelCalls`);
   * hysteresis: after the higher-priority client goes idle, the suspended ones stay suspended for as
     long as the last resume plus suspend took (measured, per client). An HP that comes back within
     that interval costs no resume/suspend pair; one that comes back later costs at most that much
@@ -33,6 +35,7 @@ every process it debugged), which resumes every queue it suspended.
 import errno
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
@@ -56,6 +59,7 @@ SNAPSHOT_EVERY_S = 1.0         # ... and takes its queue list again this often (
 # tens of µs to ms. ESTIMATE, used only to pick the grace period (see grace_period_for).
 WAVE_LIFE_S = 1e-3
 MIN_GRACE = 1                  # 1K GPU clocks: 0 asks for the driver's default, which it forces to 1
+MAX_PARALLEL_CALLS = 8         # SUSPEND/RESUME_QUEUES calls in flight at once (one per client)
 
 
 def grace_period_for(node):
@@ -86,6 +90,49 @@ def _memory_bandwidth(node):
         width, clock_mhz = props.get("width", 0), props.get("mem_clk_max", 0)
         total += width / 8 * clock_mhz * 1e6 * 2
     return total
+
+
+@dataclass
+class Call:
+    """One blocking KFD call made for the engine: when it started, how long it took, and what it
+    returned or raised."""
+    started: float
+    took_s: float
+    result: object = None
+    error: Exception | None = None
+
+
+def timed_call(fn):
+    started = time.monotonic()
+    try:
+        result, error = fn(), None
+    except Exception as e:          # handed back to the engine's thread, which decides
+        result, error = None, e
+    return Call(started, time.monotonic() - started, result, error)
+
+
+class ParallelCalls:
+    """Runs `fn(item)` for every item at once, the first on the calling thread and the rest on a
+    small pool, and returns the `Call`s in order once all have returned. `fn` must not raise (wrap
+    it in `timed_call`). The pool starts with the first batch of more than one call: a daemon that
+    never preempts two clients at once has no threads."""
+
+    def __init__(self, workers=MAX_PARALLEL_CALLS):
+        self.workers = workers
+        self.pool = None
+
+    def map(self, fn, items):
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="xsched-lv3-kfd")
+        futures = [self.pool.submit(fn, item) for item in items[1:]]
+        return [fn(items[0])] + [f.result() for f in futures]
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
 
 
 class Host:
@@ -157,6 +204,7 @@ class Lv3Engine:
         self.clients = {}                  # slot -> Client
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
+        self.calls = ParallelCalls()       # suspends (and resumes) of several clients at once
 
     # --- the one entry point: read the board, act ------------------------------------------------
     def sync(self, now=None):
@@ -215,10 +263,12 @@ class Lv3Engine:
                     wake_at = c.release_at if wake_at is None else min(wake_at, c.release_at)
         if poll_at is not None:
             wake_at = poll_at if wake_at is None else min(wake_at, poll_at)
-        # Suspends first and back to back: a higher-priority client is waiting on them. Everything
+        # Suspends first, all at once: a higher-priority client is waiting on them. Everything
         # nobody waits on (records, the queue list's refresh) comes after.
-        suspended = [c for c in to_suspend if self._suspend(c, now)]
-        resumed = [c for c in to_resume if self._resume(c)]
+        suspends = self.calls.map(self._suspend_call, to_suspend)
+        resumes = self.calls.map(self._resume_call, to_resume)
+        suspended = [c for c, call in zip(to_suspend, suspends) if self._suspend_took(c, call, now)]
+        resumed = [c for c, call in zip(to_resume, resumes) if self._resume_took(c, call)]
         for c in suspended:
             self._record_suspended(c)
         for c in resumed:
@@ -304,18 +354,19 @@ class Lv3Engine:
         c.retry_at = float("inf") if final else now + RETRY_ATTACH_S
 
     # --- suspend / resume ----------------------------------------------------------------------------
-    def _suspend(self, c, now):
+    def _suspend_call(self, c):
         """One SUSPEND_QUEUES of every queue the last snapshot named (the first time: a snapshot
-        first); True if it took."""
-        started = time.monotonic()
-        try:
-            result = c.mech.suspend(c.mech.known_queues() or None, self.host.grace_period)
-        except Error as e:
-            self._lost(c, f"suspend failed ({e})")
+        first). On a pool thread: touches nothing but its client's mechanism."""
+        return timed_call(lambda: c.mech.suspend(c.mech.known_queues() or None, self.host.grace_period))
+
+    def _suspend_took(self, c, call, now):
+        """True if the suspend took."""
+        if call.error is not None:
+            self._call_failed(c, "suspend", call.error)
             return False
-        c.switch_s = time.monotonic() - started
-        c.queues = tuple(o.qid for o in result.outcomes if o.ok)
-        self._trace("suspend", c, started, c.queues)
+        c.switch_s = call.took_s
+        c.queues = tuple(o.qid for o in call.result.outcomes if o.ok)
+        self._trace("suspend", c, call, c.queues)
         c.suspended_at = now
         c.suspends += 1
         return True
@@ -330,16 +381,21 @@ class Lv3Engine:
         except OSError:
             c.hold = None                   # `kfdtool queues` will not name us; the queues are fine
 
-    def _resume(self, c):
-        started = time.monotonic()
-        try:
-            c.mech.resume()
-        except Error as e:
-            self._lost(c, f"resume failed ({e})")
+    def _resume_call(self, c):
+        return timed_call(c.mech.resume)
+
+    def _resume_took(self, c, call):
+        if call.error is not None:
+            self._call_failed(c, "resume", call.error)
             return False
-        c.switch_s += time.monotonic() - started
-        self._trace("resume", c, started)
+        c.switch_s += call.took_s
+        self._trace("resume", c, call)
         return True
+
+    def _call_failed(self, c, what, error):
+        if not isinstance(error, Error):
+            raise error                     # a bug, not the kernel's answer: the daemon stops Lv3
+        self._lost(c, f"{what} failed ({error})")
 
     def _resumed(self, c):
         if c.suspended_at is not None:
@@ -371,10 +427,10 @@ class Lv3Engine:
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV1)      # announced: its gate gates again
 
-    def _trace(self, what, c, started, queues=()):
+    def _trace(self, what, c, call, queues=()):
         if self.trace is not None:
             try:
-                self.trace.write(f"{started:.6f} {what} pid {c.pid} took {(time.monotonic() - started) * 1e6:.0f} us"
+                self.trace.write(f"{call.started:.6f} {what} pid {c.pid} took {call.took_s * 1e6:.0f} us"
                                  + (f" queues {list(queues)}" if queues else "") + "\n")
                 self.trace.flush()
             except OSError as e:            # a full disk must not stop the scheduling: stop tracing
@@ -389,6 +445,7 @@ class Lv3Engine:
     def close(self):
         for slot in list(self.clients):
             self.forget(slot)
+        self.calls.close()
 
     # --- status --------------------------------------------------------------------------------------
     def describe(self, slot):

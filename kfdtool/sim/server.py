@@ -8,8 +8,12 @@ kernel's `current`.
 One thread, one selector, non-blocking sockets. Each connection is one thread of a client and
 makes one call at a time: its next request is taken only once the previous reply has been handed
 to the kernel's socket buffer in full (and no call of it sleeps in the simulated kernel), so a
-client that stops reading, or is stopped mid-reply, holds up only itself. Bytes that break the
-protocol close that connection with a reason in server.log; the server keeps serving the rest.
+client that stops reading, or is stopped mid-reply, holds up only itself. Connections take turns,
+one request each: a client that posted a batch of doorbells goes to the back of the line after
+each, so another process's ioctl (a debugger's SUSPEND_QUEUES) waits for at most one request of
+every other connection, not for the batch (on the device, doorbells need no kernel at all). Bytes
+that break the protocol close that connection with a reason in server.log; the server keeps
+serving the rest.
 
 The simulated GPUs execute the kernels that processes ring into their queues (execution.py): after
 every request the server re-plans which kernels run, and a timerfd wakes it when a kernel someone
@@ -155,6 +159,7 @@ class SimServer(ConnectionLoop):
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.blocked = []             # Sleeper: calls that sleep
+        self.backlog = {}             # connections with a whole request waiting, in turn order
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
@@ -184,7 +189,7 @@ class SimServer(ConnectionLoop):
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         (self.dir / "ready").write_text(str(os.getpid()))
         while self.running:
-            for key, events in self.sel.select(timeout=0.5):
+            for key, events in self.sel.select(timeout=0 if self.backlog else 0.5):
                 kind, obj = key.data
                 if self._handle_event(kind, obj, events):
                     continue
@@ -195,8 +200,10 @@ class SimServer(ConnectionLoop):
                     self.running = False
                 elif kind == "wake":
                     self.wake.acknowledge()
+            self._take_turns()
             self._retry_blocked()
-            self._arm_wake()
+            if not self.backlog:            # with one, we are back at once: sleepers are looked at then
+                self._arm_wake()
             self._register_smi()
             self._resume_accepting()
         for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
@@ -253,22 +260,41 @@ class SimServer(ConnectionLoop):
             self._drop(conn, ProtocolError(f"{len(conn.inbox)} bytes sent while its call was not answered"))
 
     def _take_requests(self, conn):
-        """Handle each whole request in the inbox, one at a time, while the connection takes them."""
-        while conn.takes_requests and len(conn.inbox) >= LEN.size:
-            (length,) = LEN.unpack_from(conn.inbox.data)
-            try:
-                if length > MAX_FRAME_BYTES:
-                    raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
-                if len(conn.inbox) < LEN.size + length:
-                    return
-                message, senders = conn.inbox.take(LEN.size + length)
-                if len(senders) > 1:            # a syscall is made by one process
-                    raise ProtocolError(f"one request written by several processes "
-                                        f"(pids {sorted(pid for pid, _uid in senders)})")
-                self._handle(conn, message[LEN.size:], senders.pop())
-            except ProtocolError as e:
-                self._drop(conn, e)
-                return
+        """Handle the next whole request in the inbox, if the connection takes one now; with another
+        one waiting after it, the connection goes to the back of the line (`_take_turns`)."""
+        self.backlog.pop(conn, None)
+        if not (conn.takes_requests and _whole_request(conn.inbox)):
+            return
+        (length,) = LEN.unpack_from(conn.inbox.data)
+        try:
+            if length > MAX_FRAME_BYTES:
+                raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
+            message, senders = conn.inbox.take(LEN.size + length)
+            if len(senders) > 1:            # a syscall is made by one process
+                raise ProtocolError(f"one request written by several processes "
+                                    f"(pids {sorted(pid for pid, _uid in senders)})")
+            self._handle(conn, message[LEN.size:], senders.pop())
+        except ProtocolError as e:
+            self._drop(conn, e)
+            return
+        if conn.takes_requests and _whole_request(conn.inbox):
+            self.backlog[conn] = None
+
+    def _take_turns(self):
+        """One request of every connection that has one waiting, in turn order."""
+        for conn in list(self.backlog):
+            self._take_requests(conn)
+            self._watch(conn)
+
+    def _watch(self, conn):
+        """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
+        for its turn (its buffers stay bounded: the rest stays in its socket)."""
+        if conn in self.backlog and not conn.outbox and not conn.closed:
+            if conn.events:
+                self.sel.unregister(conn.sock)
+                conn.events = 0
+            return
+        super()._watch(conn)
 
     def _handle(self, conn, payload, sender):
         """One request; `sender` is (pid, uid) of the process that wrote it."""
@@ -330,6 +356,7 @@ class SimServer(ConnectionLoop):
         self._close(conn, reason)
 
     def _connection_closed(self, conn):
+        self.backlog.pop(conn, None)
         for _data, fds in conn.outbox:         # SMI fds of replies it never took
             for f in fds:
                 f.close()
@@ -645,6 +672,14 @@ class SimServer(ConnectionLoop):
     def ctl_shutdown(self, conn, msg):
         self.running = False
         return {}
+
+
+def _whole_request(inbox):
+    """A whole frame waits in `inbox` (or a length no frame may have, which is refused when taken)."""
+    if len(inbox) < LEN.size:
+        return False
+    (length,) = LEN.unpack_from(inbox.data)
+    return length > MAX_FRAME_BYTES or len(inbox) >= LEN.size + length
 
 
 def main(argv=None):
