@@ -262,6 +262,42 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake
     assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
 
 
+def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_engine):
+    """The hysteresis pays only where the HP comes straight back: once its idle gaps are known to be
+    longer than a switch, the LP is resumed as soon as the HP goes idle (it would otherwise lose the
+    hysteresis after every request); once the HP keeps coming back within one, the LP waits again."""
+    from xsched_lv3.lv3 import GAP_HISTORY, hold_for
+    assert hold_for(0.002, []) == 0.002                         # nothing known yet: wait
+    assert hold_for(0.002, [0.050] * 8) == 0.0                  # far apart: resume at once
+    assert hold_for(0.002, [0.0005] * 8) == 0.002               # straight back: wait
+    assert hold_for(0.002, [0.050] * 6 + [0.0005] * 2) == 0.0   # rarely back soon: a switch is cheaper
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=100.0)
+    t = 100.0
+    for request in range(4):                          # requests 50 ms apart
+        board.set_active(hp, True)
+        engine.sync(now=t + 0.001)
+        assert engine.clients[lp].suspended_at is not None
+        board.set_active(hp, False)
+        engine.sync(now=t + 0.004)
+        if request == 0:                              # no gap seen yet: it waits the switch time
+            assert engine.clients[lp].suspended_at is not None
+            engine.sync(now=t + 0.004 + engine.clients[lp].switch_s + 1e-6)
+        assert engine.clients[lp].suspended_at is None, f"request {request}: still suspended"
+        t += 0.050
+    for _ in range(GAP_HISTORY):                      # now it comes straight back, again and again
+        board.set_active(hp, True)
+        engine.sync(now=t + 0.001)
+        board.set_active(hp, False)
+        engine.sync(now=t + 0.0011)
+        t += 0.0012
+    assert engine.clients[lp].suspended_at is not None and engine.clients[lp].release_at > t
+    engine.close()
+
+
 def test_the_lower_clients_are_suspended_all_at_once(fake_engine, monkeypatch):
     """SUSPEND_QUEUES names one process, so three lower clients take three calls: they are in
     flight together (a barrier that only three concurrent calls pass), so the HP waits for the

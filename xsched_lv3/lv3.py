@@ -20,10 +20,11 @@ the high-priority client's included, so each one stalls everybody for a remap. H
     several clients cannot share a call), and the calls for several clients issued at once, from
     threads: they queue for each other only on the kernel's DQM lock, not behind each other's
     system-call round trips (`ParallelCalls`);
-  * hysteresis: after the higher-priority client goes idle, the suspended ones stay suspended for as
-    long as the last resume plus suspend took (measured, per client). An HP that comes back within
-    that interval costs no resume/suspend pair; one that comes back later costs at most that much
-    extra LP time (the ski-rental rule: never worse than twice the best choice in hindsight);
+  * hysteresis: after the higher-priority client goes idle, a suspended client either is resumed at
+    once or stays suspended for as long as its last suspend plus resume took (measured, per client),
+    whichever would have cost less over the last GAP_HISTORY idle gaps of the clients above it (see
+    `hold_for`): an HP that keeps coming straight back causes no resume/suspend storm, and one whose
+    requests are far apart does not cost the lower clients that wait after every request;
   * the grace period (waves allowed to finish before the save) is the shortest the hardware honours:
     see `grace_period_for`.
 Nothing stays suspended: a client's queues are resumed when it no longer must yield, when it exits
@@ -36,7 +37,8 @@ import errno
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
 from kfdtool.cwsr.holds import Hold, ensure_run_dir
@@ -60,6 +62,19 @@ SNAPSHOT_EVERY_S = 1.0         # ... and takes its queue list again this often (
 WAVE_LIFE_S = 1e-3
 MIN_GRACE = 1                  # 1K GPU clocks: 0 asks for the driver's default, which it forces to 1
 MAX_PARALLEL_CALLS = 8         # SUSPEND/RESUME_QUEUES calls in flight at once (one per client)
+GAP_HISTORY = 16               # idle gaps of the clients above a client that choose its hysteresis
+
+
+def hold_for(switch_s, gaps):
+    """How long a suspended client stays suspended once the clients above it go idle: 0 (resume now)
+    or `switch_s`, the ski-rental choice. Resuming now costs a switch (this resume, and a suspend when
+    they come back: about `switch_s`) after every gap; waiting costs the time waited, min(gap,
+    switch_s), plus a switch after each gap longer than that. Over the recent `gaps`, the cheaper of
+    the two; with none yet, wait (never worse than twice the best choice in hindsight)."""
+    if not gaps:
+        return switch_s
+    waiting = sum(min(g, switch_s) + (switch_s if g > switch_s else 0.0) for g in gaps)
+    return switch_s if waiting < switch_s * len(gaps) else 0.0
 
 
 def grace_period_for(node):
@@ -189,6 +204,8 @@ class Client:
     suspended_at: float | None = None      # its queues are suspended since
     release_at: float | None = None        # resume then, unless it must yield again before
     switch_s: float = 0.0                  # last suspend + resume, wall time (the hysteresis)
+    free_since: float | None = None        # the clients above it went idle then (after it yielded)
+    gaps: deque = field(default_factory=lambda: deque(maxlen=GAP_HISTORY))   # their idle gaps, seconds
     suspends: int = 0
     suspended_s: float = 0.0
     hold: Hold | None = None               # the record `kfdtool queues` reads
@@ -251,12 +268,18 @@ class Lv3Engine:
             if c.mech is None:
                 continue
             if must_yield:
+                if c.free_since is not None:
+                    c.gaps.append(now - c.free_since)
+                    c.free_since = None
                 c.release_at = None
                 if c.suspended_at is None:
                     to_suspend.append(c)
-            elif c.suspended_at is not None:
+                continue
+            if c.free_since is None and c.suspends:
+                c.free_since = now
+            if c.suspended_at is not None:
                 if c.release_at is None:
-                    c.release_at = now + c.switch_s
+                    c.release_at = now + hold_for(c.switch_s, c.gaps)
                 if now >= c.release_at:
                     to_resume.append(c)
                 else:
