@@ -212,6 +212,21 @@ def test_a_gpu_bound_client_keeps_its_learned_time():
     assert w.calibrated and w.commands_per_sync(2, kept_up=True) == 2
 
 
+def test_a_resized_window_spaces_its_sync_points_and_bounds_its_work_by_the_new_size():
+    w = ProgressiveWindow(window_us=500)
+    w._learn(100.0)
+    w.per_sync = w.commands_per_sync(2, kept_up=False)
+    assert w.per_sync == 2
+    w.segment("a", 2)
+    w.segment("b", 2)
+    w.segment("c", 2)                                # 600 us in flight: over 500
+    assert w.over()
+    w.resize(2000)
+    assert w.per_sync == 10 and not w.over()         # 1,000 us a segment; 600 us is within 2,000
+    w.resize(500)
+    assert w.per_sync == 2 and w.over()
+
+
 @pytest.mark.parametrize("level", [Level.BLOCK, Level.DEACTIVATE, Level.INTERRUPT])
 def test_closing_a_suspended_queue_runs_what_was_submitted(level):
     """close() resumes first: a worker waiting on a sync point of an interrupted queue would wait

@@ -153,6 +153,7 @@ def _requests(xt, torch, gpu, gate_priority, n, layers=4, kernel_s=0.0005, inter
             while gate._busy_since is not None and time.monotonic() < deadline:
                 time.sleep(0.0005)          # the watcher ends the request: one at a time, like a service
         stats = gate.stats()
+        stats["exposing_on_board"] = bool(gate.board.read_slot(gate.slot).exposing)
     return active_seen, stats
 
 
@@ -167,7 +168,33 @@ def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_not
     # the run came out slower than every protected one by the slack (a pause of the host): then it stops
     assert stats["exposed_requests"] >= PROBE_REQUESTS + 10, stats
     assert active_seen <= n - stats["exposed_requests"] + 1
+    assert stats["exposing_on_board"] == stats["exposing"]     # what lower clients size their window by
     lp.close()
+
+
+def test_a_lower_clients_window_is_wider_while_every_client_above_it_exposes(torch_fake):
+    """The wider window (window.EXPOSED_WINDOW_SCALE) holds only while *every* higher-priority client
+    on the device runs its requests beside it; one that protects its requests brings the bound back."""
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.gate import Gate
+    from xsched_lv3.window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE
+    hp = other_client(xt, priority=10)
+    lp = Gate(xt.TorchRecorder(), 0)
+    assert lp.guarded and lp.window.window_us == DEFAULT_WINDOW_US
+    hp.board.write(hp.slot, exposing=1)
+    lp.check()
+    assert lp.window.window_us == DEFAULT_WINDOW_US * EXPOSED_WINDOW_SCALE
+    second = other_client(xt, priority=5)           # above it too, and protecting its requests
+    lp.check()
+    assert lp.window.window_us == DEFAULT_WINDOW_US
+    second.close()
+    lp.check()
+    assert lp.window.window_us == DEFAULT_WINDOW_US * EXPOSED_WINDOW_SCALE
+    hp.board.write(hp.slot, exposing=0)
+    lp.check()
+    assert lp.window.window_us == DEFAULT_WINDOW_US
+    for gate in (lp, hp):
+        gate.close()
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from kfdtool.pids import alive, start_time, state_and_start
 
 from .policy import QueueState
 
-MAGIC = b"XSLV3B04"
+MAGIC = b"XSLV3B05"
 SLOTS = 32
 HEADER = struct.Struct("<8sIIQiIQ")             # magic, slots, policy, generation, daemon: pid, -, start time
 GENERATION_OFFSET = 16
@@ -52,7 +52,7 @@ SLOT_FIELDS = (
     ("held_s", "d"),              # C: seconds held back by its gate, in total
     ("suspended_s", "d"),         # D: seconds suspended, in total
     ("attached", "I"),            # D: registered by `xsched-lv3 attach` (no gate inside: never active)
-    ("reserved", "I"),            # keeps every slot, and so every double in it, 8-byte aligned
+    ("exposing", "I"),            # C: its requests run beside lower clients now (protection.py's verdict)
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
@@ -61,7 +61,7 @@ FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIE
 FIELD_CODE = dict(SLOT_FIELDS)
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
-                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, reserved=0)
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0)
 SLOTS_OFFSET = HEADER.size
 _PID = struct.Struct("<i")                      # a slot's first field
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS

@@ -33,7 +33,7 @@ from . import daemon_link
 from .board import Board
 from .policy import check_hint, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
-from .window import DEFAULT_WINDOW_US, ProgressiveWindow
+from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
 # Held back only by clients of this same process (threads): they wake us when they write the board
@@ -70,6 +70,8 @@ class Gate:
         self.guarded = False                       # read on every module call
         self.tracking = False
         self.window = None
+        self._window_now_us = window_us            # its bound now (wider while every client above us exposes)
+        self._exposing = False                     # what our slot says of our protection's verdict
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
@@ -162,8 +164,14 @@ class Gate:
         peers = [q.hints.get("priority", 0) for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
             guarded, tracking = any(p > mine for p in peers), any(p < mine for p in peers)
+            slot_of = dict(slots)
+            above = [slot_of[q.id] for q in states if q.id != self.slot and shares_device(q.device, me.device)
+                     and q.hints.get("priority", 0) > mine]
+            exposed = bool(above) and all(s.exposing for s in above)
         else:                                       # shares, deadlines: everyone may have to yield
-            guarded, tracking = bool(peers), bool(peers)
+            guarded, tracking, exposed = bool(peers), bool(peers), False
+        if self.window_us:
+            self._window_now_us = self.window_us * (EXPOSED_WINDOW_SCALE if exposed else 1)
         self._set_mode(guarded and self.level < 3, tracking)
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
@@ -179,12 +187,16 @@ class Gate:
 
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:
-            self.window = ProgressiveWindow(self.window_us)
+            self.window = ProgressiveWindow(self._window_now_us)
             self._per_sync, self._leaves = self.window.per_sync, 0
             if self.device:                        # GPU in use: what we launched while free is in flight too
                 self.window.backlog(self.recorder.record())
         elif not guarded:
             self.window = None
+        elif self.window is not None and self.window.window_us != self._window_now_us:
+            with self._window_lock:
+                self.window.resize(self._window_now_us)
+                self._per_sync = self.window.per_sync
         self.guarded = guarded
         if tracking and not self.tracking and self._watcher is None:
             self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
@@ -272,6 +284,9 @@ class Gate:
                 if request == self._requests and not self._open and since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
                     self.protection.finished(not self._exposed, time.monotonic() - since)
+                    if self.protection.exposing != self._exposing and self.slot is not None:
+                        self._exposing = self.protection.exposing       # lower clients widen their window
+                        self.board.write(self.slot, exposing=int(self._exposing))
                     self._busy_since = None
                     if self._exposed:
                         self._guard_exposure(None, None)
