@@ -75,7 +75,7 @@ class ProgressiveWindow:
         self.window_us = float(window_us)
         self.sync_every_us = self.window_us * self.sync_fraction
         if self.calibrated:
-            self.per_sync = max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+            self.per_sync = self._learned_spacing()
 
     @property
     def in_flight_us(self):
@@ -139,12 +139,16 @@ class ProgressiveWindow:
         if self.calibrated:
             self._kept_up_in_row = self._kept_up_in_row + 1 if kept_up else 0
             if self._kept_up_in_row < FORGET_AFTER_KEPT_UP:
-                return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
+                return self._learned_spacing()
             # launch-bound now: back to spacing by doubling; a GPU-bound phase is seen behind and learned anew
             self.calibrated, self._kept_up_in_row, self._chain_at = False, 0, None
         if current is None:
             return self.calibration_commands
         return min(MAX_COMMANDS_PER_SYNC, 2 * current) if kept_up else current
+
+    def _learned_spacing(self):
+        """Commands in half a window of the learned GPU time (at least one)."""
+        return max(1, min(MAX_COMMANDS_PER_SYNC, int(self.sync_every_us / max(self.cmd_us, 1e-3))))
 
     def over(self):
         """True when launching more would exceed the window (the caller then retires or waits).
