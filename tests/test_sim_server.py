@@ -251,6 +251,36 @@ def test_a_client_that_never_reads_leaves_the_others_their_request_rate(server):
     assert beside_hog > alone / STALL_FACTOR, (alone, beside_hog)
 
 
+def test_connections_take_turns_so_a_call_waits_for_one_request_of_a_batch_not_the_batch(server):
+    """Another process's posted batch (doorbells, here queue reads) does not delay a call for its
+    whole length: with both written while the server was stopped, the call (an adopt that gives a
+    process a queue) is handled after one request of the batch, as the batch's replies show."""
+    srv = server()
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    batch, call = srv.connect(), srv.connect()
+    try:
+        with SimControl(srv.socket) as ctl:
+            gpu = ctl("status")["gpus"][0]
+            ctl("adopt", pid=target.pid, queues=[])        # a KFD process with no queue yet
+        n = 200
+        read = frame(b"C" + json.dumps({"op": "queues", "pid": target.pid}).encode())
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            batch.sendall(read * n)
+            call.sendall(frame(b"C" + json.dumps({"op": "adopt", "pid": target.pid,
+                                                  "queues": [{"gpu_id": gpu}]}).encode()))
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        assert "error" not in json.loads(recv_frame(call)[0][1:])
+        seen = [len(json.loads(recv_frame(batch)[0][1:])["queues"]) for _ in range(n)]
+        assert seen.count(0) <= 2 and seen[-1] == 1, seen[:10]
+    finally:
+        target.kill()
+        target.wait()
+        batch.close()
+        call.close()
+
+
 STOPPED = r"""
 import json, os, signal, socket, sys
 from kfdtool.sim.protocol import LEN, frame, recv_exact

@@ -284,9 +284,10 @@ class Gate:
                 if request == self._requests and not self._open and since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
                     self.protection.finished(not self._exposed, time.monotonic() - since)
-                    if self.protection.exposing != self._exposing and self.slot is not None:
+                    slot = self.slot                # read once: a request thread may drop it (daemon restart)
+                    if self.protection.exposing != self._exposing and slot is not None:
                         self._exposing = self.protection.exposing       # lower clients widen their window
-                        self.board.write(self.slot, exposing=int(self._exposing))
+                        self.board.write(slot, exposing=int(self._exposing))
                     self._busy_since = None
                     if self._exposed:
                         self._guard_exposure(None, None)

@@ -260,29 +260,33 @@ class SimServer(ConnectionLoop):
             self._drop(conn, ProtocolError(f"{len(conn.inbox)} bytes sent while its call was not answered"))
 
     def _take_requests(self, conn):
-        """Handle the next whole request in the inbox, if the connection takes one now; with another
-        one waiting after it, the connection goes to the back of the line (`_take_turns`)."""
-        self.backlog.pop(conn, None)
-        if not (conn.takes_requests and _whole_request(conn.inbox)):
-            return
-        (length,) = LEN.unpack_from(conn.inbox.data)
-        try:
-            if length > MAX_FRAME_BYTES:
-                raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
-            message, senders = conn.inbox.take(LEN.size + length)
-            if len(senders) > 1:            # a syscall is made by one process
-                raise ProtocolError(f"one request written by several processes "
-                                    f"(pids {sorted(pid for pid, _uid in senders)})")
-            self._handle(conn, message[LEN.size:], senders.pop())
-        except ProtocolError as e:
-            self._drop(conn, e)
-            return
+        """Queue the connection for its turn if a whole request of it waits and it takes one now:
+        requests are handled only in turns (`_take_turns`)."""
         if conn.takes_requests and _whole_request(conn.inbox):
             self.backlog[conn] = None
 
     def _take_turns(self):
-        """One request of every connection that has one waiting, in turn order."""
+        """One request of every connection queued when the round began, in turn order; one with
+        another request waiting goes to the back of the line, for the next round."""
         for conn in list(self.backlog):
+            if conn not in self.backlog:    # closed meanwhile
+                continue
+            del self.backlog[conn]
+            if not (conn.takes_requests and _whole_request(conn.inbox)):
+                self._watch(conn)
+                continue
+            (length,) = LEN.unpack_from(conn.inbox.data)
+            try:
+                if length > MAX_FRAME_BYTES:
+                    raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
+                message, senders = conn.inbox.take(LEN.size + length)
+                if len(senders) > 1:        # a syscall is made by one process
+                    raise ProtocolError(f"one request written by several processes "
+                                        f"(pids {sorted(pid for pid, _uid in senders)})")
+                self._handle(conn, message[LEN.size:], senders.pop())
+            except ProtocolError as e:
+                self._drop(conn, e)
+                continue
             self._take_requests(conn)
             self._watch(conn)
 
