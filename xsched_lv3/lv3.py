@@ -36,8 +36,8 @@ every process it debugged), which resumes every queue it suspended.
 import errno
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
