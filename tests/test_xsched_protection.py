@@ -172,6 +172,30 @@ def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_not
     lp.close()
 
 
+def test_a_lower_client_that_joins_ends_the_exposure_its_predecessors_earned(torch_fake):
+    """The verdict is about the lower clients that were there: a new one is held (and its window not
+    widened) until a probe of its own; one that leaves changes nothing."""
+    torch, gpu, xt = torch_fake
+    first = other_client(xt, priority=0)
+    hp = other_client(xt, priority=10)
+    assert hp.tracking
+    for _ in range(BASELINE_REQUESTS):
+        hp.protection.finished(True, 0.002)
+    hp.protection._verdict(True)                     # as a probe without an overrun would
+    hp._exposing = True
+    hp.board.write(hp.slot, exposing=1)
+    second = other_client(xt, priority=0)            # joins
+    hp.check()
+    assert not hp.protection.exposing and hp.board.read_slot(hp.slot).exposing == 0
+    assert hp.protection.protect_next()              # protected until a probe of its own
+    hp.protection._verdict(True)
+    second.close()                                   # leaves: the others' verdict stands
+    hp.check()
+    assert hp.protection.exposing
+    for gate in (first, hp):
+        gate.close()
+
+
 def test_a_lower_clients_window_is_wider_while_every_client_above_it_exposes(torch_fake):
     """The wider window (window.EXPOSED_WINDOW_SCALE) holds only while *every* higher-priority client
     on the device runs its requests beside it; one that protects its requests brings the bound back."""
@@ -229,14 +253,18 @@ def interfering_lower_client(xt, torch, slowdown_s):
 def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
     """Each launch of the service 20 ms slower while the LP may run. An exposed request that starts while
     the LP still runs overruns (the guard cannot undo a launch under way); one that starts while the LP is
-    still held is guarded in time and does not. Either way the run ends held, after at most two overruns."""
+    still held is guarded in time and does not. Either way the service's tail is not left to overruns
+    (at most two): the run ends held after one or two, or, where the guard caught every exposed request
+    in time (none overran), exposure is the verdict and costs the service nothing."""
     torch, gpu, xt = torch_fake
     n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 60
     with interfering_lower_client(xt, torch, 0.020) as interference:
         active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
-    assert not stats["exposing"] and stats["probes"] == 1, stats
-    assert 1 <= stats["overruns"] <= 2, stats          # a P99 is not left to overruns
-    assert stats["exposed_requests"] < n // 4, stats
+    assert stats["probes"] == 1 and stats["overruns"] <= 2, stats      # a P99 is not left to overruns
+    if stats["overruns"]:
+        assert not stats["exposing"] and stats["exposed_requests"] < n // 4, stats
+    else:
+        assert stats["exposing"], stats               # every exposed request was guarded in time
 
 
 def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake, monkeypatch):

@@ -72,6 +72,7 @@ class Gate:
         self.window = None
         self._window_now_us = window_us            # its bound now (wider while every client above us exposes)
         self._exposing = False                     # what our slot says of our protection's verdict
+        self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
@@ -168,6 +169,11 @@ class Gate:
             above = [slot_of[q.id] for q in states if q.id != self.slot and shares_device(q.device, me.device)
                      and q.hints.get("priority", 0) > mine]
             exposed = bool(above) and all(s.exposing for s in above)
+            below = frozenset((q.id, q.pid) for q in states if q.id != self.slot
+                              and shares_device(q.device, me.device) and q.hints.get("priority", 0) < mine)
+            if self._below is not None and below - self._below:
+                self._new_company()
+            self._below = below
         else:                                       # shares, deadlines: everyone may have to yield
             guarded, tracking, exposed = bool(peers), bool(peers), False
         if self.window_us:
@@ -184,6 +190,15 @@ class Gate:
         else:
             self._may_run, self._wake_at = True, None
         self.clear_to_run = self._may_run and self._wake_at is None
+
+    def _new_company(self):
+        """A lower client joined: our verdict on the others does not cover it (protection.py)."""
+        with self._lock:
+            self.protection.new_company()
+            slot = self.slot
+            if self._exposing and slot is not None:
+                self._exposing = False              # its window is not widened on another's verdict
+                self.board.write(slot, exposing=0)
 
     def _set_mode(self, guarded, tracking):
         if guarded and not self.guarded and self.window_us:

@@ -115,6 +115,15 @@ class Protection:
         ordered = sorted(self.protected)
         return (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
 
+    def new_company(self):
+        """A lower client joined: a verdict about the others says nothing about it. Protected from
+        here on, with a fresh probe after FIRST_PROBE_GAP protected requests (the baseline, the
+        service's own latency, still holds)."""
+        if self.exposing or self._probe_left or self._gap > FIRST_PROBE_GAP:
+            self.exposing, self._probe_left = False, 0
+            self._gap = self._until_probe = FIRST_PROBE_GAP
+            self._overruns.clear()
+
     def _verdict(self, harmless):
         if harmless:
             self.exposing, self._gap = True, FIRST_PROBE_GAP
