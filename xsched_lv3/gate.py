@@ -70,7 +70,6 @@ class Gate:
         self.guarded = False                       # read on every module call
         self.tracking = False
         self.window = None
-        self._window_now_us = window_us            # its bound now (wider while every client above us exposes)
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
@@ -160,25 +159,21 @@ class Gate:
             self._daemon = board.daemon_pid()
             self._daemon_wake = daemon_link.wake_path(daemon_link.default_socket()) if self._daemon else None
         # Lv3: the daemon suspends our queues when we must yield; a dead daemon's word no longer holds
-        self.level = 3 if self._daemon and dict(slots)[self.slot].level == 3 else 1
+        slot_of = dict(slots)
+        self.level = 3 if self._daemon and slot_of[self.slot].level == 3 else 1
         mine = me.hints.get("priority", 0)
-        peers = [q.hints.get("priority", 0) for q in states if q.id != self.slot and shares_device(q.device, me.device)]
+        peers = [q for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
-            guarded, tracking = any(p > mine for p in peers), any(p < mine for p in peers)
-            slot_of = dict(slots)
-            above = [slot_of[q.id] for q in states if q.id != self.slot and shares_device(q.device, me.device)
-                     and q.hints.get("priority", 0) > mine]
-            exposed = bool(above) and all(s.exposing for s in above)
-            below = frozenset((q.id, q.pid) for q in states if q.id != self.slot
-                              and shares_device(q.device, me.device) and q.hints.get("priority", 0) < mine)
+            above = [slot_of[q.id] for q in peers if q.hints.get("priority", 0) > mine]
+            below = frozenset((q.id, q.pid) for q in peers if q.hints.get("priority", 0) < mine)
+            guarded, tracking = bool(above), bool(below)
+            exposed = guarded and all(s.exposing for s in above)
             if self._below is not None and below - self._below:
                 self._new_company()
             self._below = below
         else:                                       # shares, deadlines: everyone may have to yield
             guarded, tracking, exposed = bool(peers), bool(peers), False
-        if self.window_us:
-            self._window_now_us = self.window_us * (EXPOSED_WINDOW_SCALE if exposed else 1)
-        self._set_mode(guarded and self.level < 3, tracking)
+        self._set_mode(guarded and self.level < 3, tracking, EXPOSED_WINDOW_SCALE if exposed else 1)
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command
@@ -195,22 +190,28 @@ class Gate:
         """A lower client joined: our verdict on the others does not cover it (protection.py)."""
         with self._lock:
             self.protection.new_company()
-            slot = self.slot
-            if self._exposing and slot is not None:
-                self._exposing = False              # its window is not widened on another's verdict
-                self.board.write(slot, exposing=0)
+            self._publish_exposing()                # its window is not widened on another's verdict
 
-    def _set_mode(self, guarded, tracking):
-        if guarded and not self.guarded and self.window_us:
-            self.window = ProgressiveWindow(self._window_now_us)
+    def _publish_exposing(self):
+        """Put our protection's verdict on the board when it changed (lower clients size their window
+        by it). Under self._lock; the slot is read once: a request thread may drop it (daemon restart)."""
+        slot = self.slot
+        if self.protection.exposing != self._exposing and slot is not None:
+            self._exposing = self.protection.exposing
+            self.board.write(slot, exposing=int(self._exposing))
+
+    def _set_mode(self, guarded, tracking, window_scale=1):
+        window_us = self.window_us * window_scale if self.window_us else self.window_us
+        if guarded and not self.guarded and window_us:
+            self.window = ProgressiveWindow(window_us)
             self._per_sync, self._leaves = self.window.per_sync, 0
             if self.device:                        # GPU in use: what we launched while free is in flight too
                 self.window.backlog(self.recorder.record())
         elif not guarded:
             self.window = None
-        elif self.window is not None and self.window.window_us != self._window_now_us:
+        elif self.window is not None and self.window.window_us != window_us:
             with self._window_lock:
-                self.window.resize(self._window_now_us)
+                self.window.resize(window_us)
                 self._per_sync = self.window.per_sync
         self.guarded = guarded
         if tracking and not self.tracking and self._watcher is None:
@@ -299,10 +300,7 @@ class Gate:
                 if request == self._requests and not self._open and since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
                     self.protection.finished(not self._exposed, time.monotonic() - since)
-                    slot = self.slot                # read once: a request thread may drop it (daemon restart)
-                    if self.protection.exposing != self._exposing and slot is not None:
-                        self._exposing = self.protection.exposing       # lower clients widen their window
-                        self.board.write(slot, exposing=int(self._exposing))
+                    self._publish_exposing()
                     self._busy_since = None
                     if self._exposed:
                         self._guard_exposure(None, None)
