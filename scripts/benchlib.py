@@ -62,7 +62,8 @@ def latency_summary(latencies_s, prefix="hp"):
 def provenance(argv=None):
     """What every results file records: git revision and dirty flag (BENCH_GIT_REVISION /
     BENCH_GIT_DIRTY where set, as for a tree copied to the device machine, whose .git may be stale;
-    else git), the exact command, the host's CPU count, and the GPU's name from the driver's tool."""
+    else git), the exact command, the host's CPU count, the GPU's name from the driver's tool, and
+    BENCH_NOTE where set (what else shared the host, for one)."""
     import os
     import subprocess
     import sys
@@ -90,9 +91,12 @@ def provenance(argv=None):
                 break
         except OSError:
             continue
-    return {"git_revision": rev, "git_dirty": dirty,
-            "command": " ".join([Path(sys.executable).name] + (argv if argv is not None else sys.argv)),
-            "cpu_count": os.cpu_count(), "card": card}
+    out = {"git_revision": rev, "git_dirty": dirty,
+           "command": " ".join([Path(sys.executable).name] + (argv if argv is not None else sys.argv)),
+           "cpu_count": os.cpu_count(), "card": card}
+    if os.environ.get("BENCH_NOTE"):
+        out["note"] = os.environ["BENCH_NOTE"]
+    return out
 
 
 REPO = Path(__file__).resolve().parents[1]
