@@ -8,12 +8,16 @@ from contextlib import contextmanager
 
 import pytest
 
-from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, OVERRUN_WINDOW,
-                                   PROBE_REQUESTS, REFRESH_EVERY, Protection)
+from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, OUTLIERS_IGNORED,
+                                   OVERRUN_BUDGET, OVERRUN_WINDOW, PROBE_OVERRUN_BUDGET, PROBE_REQUESTS,
+                                   REFRESH_EVERY, Protection)
 from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
 
-# a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic)
-JITTER = [0.0, 0.3, -0.2, 0.1, 0.6, -0.1, 0.2, 1.4, -0.3, 0.0, 0.4, -0.2, 0.1]   # odd: both kinds see all
+# a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic). Its slow
+# end (3 requests in 13) is part of the service, not a rare pause: the overrun bound leaves out only the
+# OUTLIERS_IGNORED slowest of the recent protected requests, so a slow mode as rare as that would count
+# as a pause (see the host-pause test)
+JITTER = [0.0, 0.3, -0.2, 0.1, 1.2, -0.1, 0.2, 1.4, -0.3, 0.0, 1.3, -0.2, 0.1]   # odd: both kinds see all
 
 
 def latency(i, cost_ms=0.0):
@@ -39,18 +43,42 @@ def test_a_harmless_lower_client_is_no_longer_held_after_one_probe():
     assert later.count(True) == 80 // REFRESH_EVERY    # one in REFRESH_EVERY still protected (the baseline)
 
 
-def test_a_lower_client_that_always_hurts_costs_one_exposed_request_a_probe():
+def test_a_lower_client_that_always_hurts_costs_two_exposed_requests_a_probe():
     """A lower client whose presence makes every request slower than any protected one (head-of-line
-    blocking behind its kernels): each probe ends at its first exposed request, and probes back off."""
+    blocking behind its kernels): each probe ends at its second exposed request, and probes back off."""
     p = Protection(0.10)
     kinds = serve(p, 10_000, exposed_cost_ms=10.0)
     assert not p.exposing
     exposed = [i for i, k in enumerate(kinds) if not k]
-    assert len(exposed) == p.probes
-    gaps = [b - a for a, b in zip(exposed, exposed[1:])]
-    assert gaps == [min(MAX_PROBE_GAP, FIRST_PROBE_GAP * 4 ** k) + 1 for k in range(1, len(gaps) + 1)]
-    assert exposed[0] == 2 * BASELINE_REQUESTS
-    assert len(exposed) / len(kinds) < 0.001
+    per_probe = PROBE_OVERRUN_BUDGET + 1
+    assert len(exposed) == per_probe * p.probes
+    starts = exposed[::per_probe]
+    assert all(b - a == 2 for a, b in zip(exposed, exposed[1:]) if a in starts)   # alternating within a probe
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # from the probe's last exposed request, the gap's protected requests, then the next probe
+    assert gaps == [2 * (per_probe - 1) + min(MAX_PROBE_GAP, FIRST_PROBE_GAP * 4 ** k) + 1
+                    for k in range(1, len(gaps) + 1)]
+    assert starts[0] == 2 * BASELINE_REQUESTS
+    assert len(exposed) / len(kinds) < 0.002
+
+
+def test_host_pauses_among_the_protected_requests_do_not_make_a_harmful_lower_client_look_harmless():
+    """Seen in the simulator on a jittery 16-CPU host: a 20 ms pause among the protected requests of a
+    3 ms service made exposed requests of 23 ms (behind a batch job's kernels) count as harmless, and
+    the service ran at native latency. Pauses hit both kinds; up to OUTLIERS_IGNORED of them in the
+    baseline leave the verdict alone."""
+    p = Protection(0.10)
+    pauses = 0
+    kinds = []
+    for i in range(3000):
+        protected = p.protect_next()
+        pause = i % 16 == 5                       # one request in 16 hits a 20 ms pause, whichever kind
+        pauses += pause and protected
+        ms = 2.0 + JITTER[i % len(JITTER)] + (20.0 if pause else 0.0) + (0.0 if protected else 18.0)
+        p.finished(protected, ms / 1000)
+        kinds.append(protected)
+    assert pauses and not p.exposing
+    assert kinds.count(False) / len(kinds) < 0.01
 
 
 def test_a_lower_client_that_moves_the_tail_a_little_stays_held_at_under_one_percent_exposed():
@@ -81,18 +109,20 @@ def test_a_shift_of_the_tail_within_the_slack_is_harmless_and_beyond_it_is_not()
 
 
 def test_a_rare_overrun_of_a_harmless_lower_client_does_not_end_the_exposure():
-    """One request in 100 beyond every protected one (a host hiccup, whoever runs): exposure goes on;
-    two close together end it."""
+    """One request in 25 beyond every protected one (a host hiccup, whoever runs): exposure goes on;
+    more than OVERRUN_BUDGET close together end it."""
     p = Protection(0.10)
     serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
     assert p.exposing
     for i in range(2000):
         protected = p.protect_next()
-        p.finished(protected, latency(i, 5.0 if not protected and i % 100 == 0 else 0.0))
-    assert p.exposing and p.overruns >= 15
-    for i in range(2000, 2003):
+        p.finished(protected, latency(i, 5.0 if not protected and i % 25 == 0 else 0.0))
+    assert p.exposing and p.overruns >= 50
+    i = 2000
+    while p.exposing and i < 2000 + 2 * REFRESH_EVERY * (OVERRUN_BUDGET + 1):
         protected = p.protect_next()
         p.finished(protected, latency(i, 0.0 if protected else 5.0))
+        i += 1
     assert not p.exposing
 
 
@@ -103,7 +133,7 @@ def test_an_exposed_request_is_guarded_before_it_could_overrun():
     serve(p, 2 * BASELINE_REQUESTS, exposed_cost_ms=0.0)
     ordered = sorted(p.protected)
     assert p.guard_deadline_s() == pytest.approx(1.1 * ordered[int(0.9 * (len(ordered) - 1))])
-    assert p.guard_deadline_s() < p.overrun_bound_s() == pytest.approx(1.1 * ordered[-1])
+    assert p.guard_deadline_s() < p.overrun_bound_s() == pytest.approx(1.1 * ordered[-1 - OUTLIERS_IGNORED])
 
 
 def serve_shaped(protection, requests, exposed_ms):
@@ -284,6 +314,6 @@ def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_pr
         _requests(xt, torch, gpu, 10, 2 * BASELINE_REQUESTS + 4, layers=8, interference=interference)
     protected_max = max(lat for protected, lat in latencies if protected)
     exposed = [lat for protected, lat in latencies if not protected]
-    assert len(exposed) == 1
-    # cut at (1 + slack) x the protected maximum, plus the launch under way when the LP was held
-    assert exposed[0] < 1.1 * protected_max + 0.030, (exposed[0], protected_max)
+    assert len(exposed) == PROBE_OVERRUN_BUDGET + 1          # the probe ends at its second overrun
+    # each cut at (1 + slack) x the protected maximum, plus the launch under way when the LP was held
+    assert max(exposed) < 1.1 * protected_max + 0.030, (exposed, protected_max)
