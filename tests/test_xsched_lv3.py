@@ -262,6 +262,33 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake
     assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
 
 
+def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engine, tmp_path):
+    """`daemon --trace`: each suspend says how long after the activation it serves it started (the
+    daemon's wake-up lag), counted from a client above it on its GPU, not from one on another GPU."""
+    import re
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+        lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+        elsewhere = board.allocate(other.pid, 10, 0, DEVICE + 1)
+        engine = make_engine()
+        engine.trace = (tmp_path / "trace").open("w")
+        engine.sync()
+        board.set_active(hp, True)
+        time.sleep(0.05)
+        board.set_active(elsewhere, True)           # later, on another GPU: not what the LP yields to
+        engine.sync()
+        engine.close()
+        line = (tmp_path / "trace").read_text()
+        lag_us = int(re.search(r"suspend pid %d took \d+ us (\d+) us after the activation" % lp_proc.pid,
+                               line).group(1))
+        assert 50_000 <= lag_us < 5_000_000, line
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_engine):
     """The hysteresis pays only where the HP comes straight back: once its idle gaps are known to be
     longer than a switch, the LP is resumed as soon as the HP goes idle (it would otherwise lose the

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, OUTLIERS_IGNORED,
-                                   OVERRUN_BUDGET, OVERRUN_WINDOW, PROBE_OVERRUN_BUDGET, PROBE_REQUESTS,
+                                   OVERRUN_BUDGET, PROBE_OVERRUN_BUDGET, PROBE_REQUESTS,
                                    REFRESH_EVERY, Protection)
 from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
 
@@ -109,15 +109,15 @@ def test_a_shift_of_the_tail_within_the_slack_is_harmless_and_beyond_it_is_not()
 
 
 def test_a_rare_overrun_of_a_harmless_lower_client_does_not_end_the_exposure():
-    """One request in 25 beyond every protected one (a host hiccup, whoever runs): exposure goes on;
-    more than OVERRUN_BUDGET close together end it."""
+    """One exposed request in 100 beyond every protected one (a host hiccup, or a lower client that
+    rarely slows a request; the guard is what bounds those): exposure goes on; two close together end it."""
     p = Protection(0.10)
     serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
     assert p.exposing
     for i in range(2000):
         protected = p.protect_next()
-        p.finished(protected, latency(i, 5.0 if not protected and i % 25 == 0 else 0.0))
-    assert p.exposing and p.overruns >= 50
+        p.finished(protected, latency(i, 5.0 if not protected and i % 100 == 0 else 0.0))
+    assert p.exposing and p.overruns >= 15
     i = 2000
     while p.exposing and i < 2000 + 2 * REFRESH_EVERY * (OVERRUN_BUDGET + 1):
         protected = p.protect_next()
@@ -194,8 +194,8 @@ def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_not
     # requests of ~20 ms and a wide slack: a loaded CI host's scheduling noise stays below it
     active_seen, stats = _requests(xt, torch, gpu, 10, n, kernel_s=0.005, latency_slack=0.5)
     assert stats["probes"] == 1
-    # exposed from the probe on, but for one in REFRESH_EVERY (the comparison), unless a single request of
-    # the run came out slower than every protected one by the slack (a pause of the host): then it stops
+    # exposed from the probe on, but for one in REFRESH_EVERY (the comparison), unless more than
+    # OVERRUN_BUDGET requests in 64 came out slower than the protected ones by the slack (host pauses)
     assert stats["exposed_requests"] >= PROBE_REQUESTS + 10, stats
     assert active_seen <= n - stats["exposed_requests"] + 1
     assert stats["exposing_on_board"] == stats["exposing"]     # what lower clients size their window by
@@ -283,18 +283,17 @@ def interfering_lower_client(xt, torch, slowdown_s):
 def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
     """Each launch of the service 20 ms slower while the LP may run. An exposed request that starts while
     the LP still runs overruns (the guard cannot undo a launch under way); one that starts while the LP is
-    still held is guarded in time and does not. Either way the service's tail is not left to overruns
-    (at most two): the run ends held after one or two, or, where the guard caught every exposed request
-    in time (none overran), exposure is the verdict and costs the service nothing."""
+    still held is guarded in time and does not. Either way the service's tail is not left to overruns: a
+    probe ends held at its second, an exposure at more than OVERRUN_BUDGET; where the guard caught the
+    exposed requests in time, exposure is the verdict and costs the service nothing."""
     torch, gpu, xt = torch_fake
     n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 60
     with interfering_lower_client(xt, torch, 0.020) as interference:
         active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
-    assert stats["probes"] == 1 and stats["overruns"] <= 2, stats      # a P99 is not left to overruns
-    if stats["overruns"]:
-        assert not stats["exposing"] and stats["exposed_requests"] < n // 4, stats
-    else:
-        assert stats["exposing"], stats               # every exposed request was guarded in time
+    assert stats["probes"] == 1, stats
+    assert stats["overruns"] <= PROBE_OVERRUN_BUDGET + OVERRUN_BUDGET + 1, stats   # not left to overruns
+    if not stats["exposing"]:
+        assert stats["overruns"] > PROBE_OVERRUN_BUDGET, stats      # held on the evidence of overruns
 
 
 def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_protected_one(torch_fake, monkeypatch):
@@ -311,9 +310,11 @@ def test_a_harmful_exposed_request_is_protected_once_it_runs_past_the_slowest_pr
     monkeypatch.setattr(Protection, "finished", recording)
     # each launch 20 ms slower while the LP runs: an exposed request would take ~160 ms
     with interfering_lower_client(xt, torch, 0.020) as interference:
-        _requests(xt, torch, gpu, 10, 2 * BASELINE_REQUESTS + 4, layers=8, interference=interference)
+        _, stats = _requests(xt, torch, gpu, 10, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, layers=8,
+                             interference=interference)
     protected_max = max(lat for protected, lat in latencies if protected)
     exposed = [lat for protected, lat in latencies if not protected]
-    assert len(exposed) == PROBE_OVERRUN_BUDGET + 1          # the probe ends at its second overrun
+    assert len(exposed) == PROBE_OVERRUN_BUDGET + 1 == stats["overruns"], stats   # the probe ends there
+    assert not stats["exposing"], stats
     # each cut at (1 + slack) x the protected maximum, plus the launch under way when the LP was held
     assert max(exposed) < 1.1 * protected_max + 0.030, (exposed, protected_max)

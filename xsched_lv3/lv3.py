@@ -222,7 +222,7 @@ class Lv3Engine:
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
         self.calls = ParallelCalls()       # suspends (and resumes) of several clients at once
-        self._woken_by = None              # (trace) when the latest activation the suspends serve began
+        self._woken_by = {}                # (trace) slot -> when the activation its suspend serves began
 
     # --- the one entry point: read the board, act ------------------------------------------------
     def sync(self, now=None):
@@ -289,8 +289,8 @@ class Lv3Engine:
             wake_at = poll_at if wake_at is None else min(wake_at, poll_at)
         # Suspends first, all at once: a higher-priority client is waiting on them. Everything
         # nobody waits on (records, the queue list's refresh) comes after.
-        self._woken_by = max((q.ready_since for q in states if q.ready and q.id in run and q.ready_since),
-                             default=None)
+        if self.trace is not None:
+            self._woken_by = {c.slot: _latest_activation(states, run, slots[c.slot].device) for c in to_suspend}
         suspends = self.calls.map(self._suspend_call, to_suspend)
         resumes = self.calls.map(self._resume_call, to_resume)
         suspended = [c for c, call in zip(to_suspend, suspends) if self._suspend_took(c, call, now)]
@@ -456,8 +456,8 @@ class Lv3Engine:
     def _trace(self, what, c, call, queues=()):
         if self.trace is not None:
             try:
-                lag = (f" {(call.started - self._woken_by) * 1e6:.0f} us after the activation"
-                       if what == "suspend" and self._woken_by else "")
+                woken_by = self._woken_by.get(c.slot) if what == "suspend" else None
+                lag = f" {(call.started - woken_by) * 1e6:.0f} us after the activation" if woken_by else ""
                 self.trace.write(f"{call.started:.6f} {what} pid {c.pid} took {call.took_s * 1e6:.0f} us{lag}"
                                  + (f" queues {list(queues)}" if queues else "") + "\n")
                 self.trace.flush()
@@ -485,6 +485,12 @@ class Lv3Engine:
         if c.suspended_at is not None:
             out["queues"] = list(c.queues)
         return out
+
+
+def _latest_activation(states, run, device):
+    """When the latest of the running clients that share `device` became active (None: none known)."""
+    return max((q.ready_since for q in states
+                if q.ready and q.id in run and q.ready_since and shares_device(q.device, device)), default=None)
 
 
 def _owner(pid):
