@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from simhelpers import start
 from xsched_lv3.board import Board
 from xsched_lv3.daemon_link import poke, request, wake_path
 
+REPO = Path(__file__).resolve().parents[1]
 DEVICE = 7                                   # the board's key for the GPU both clients use
 
 
@@ -284,6 +286,10 @@ def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engin
         lag_us = int(re.search(r"suspend pid %d took \d+ us (\d+) us after the activation" % lp_proc.pid,
                                line).group(1))
         assert 50_000 <= lag_us < 5_000_000, line
+        summary = subprocess.run([sys.executable, str(REPO / "scripts" / "daemon_trace_summary.py"),
+                                  str(tmp_path / "trace")], capture_output=True, text=True, timeout=60)
+        assert summary.returncode == 0, summary.stderr
+        assert re.search(r"suspend lag after the activation +n= +1 +p50 +%d " % lag_us, summary.stdout), summary.stdout
     finally:
         other.kill()
         other.wait()
