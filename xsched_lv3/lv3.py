@@ -222,7 +222,6 @@ class Lv3Engine:
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
         self.calls = ParallelCalls()       # suspends (and resumes) of several clients at once
-        self._woken_by = {}                # (trace) slot -> when the activation its suspend serves began
 
     # --- the one entry point: read the board, act ------------------------------------------------
     def sync(self, now=None):
@@ -289,11 +288,12 @@ class Lv3Engine:
             wake_at = poll_at if wake_at is None else min(wake_at, poll_at)
         # Suspends first, all at once: a higher-priority client is waiting on them. Everything
         # nobody waits on (records, the queue list's refresh) comes after.
-        if self.trace is not None:
-            self._woken_by = {c.slot: _latest_activation(states, run, slots[c.slot].device) for c in to_suspend}
+        woken_by = ({c.slot: _latest_activation(states, run, slots[c.slot].device) for c in to_suspend}
+                    if self.trace is not None else {})     # for the trace only
         suspends = self.calls.map(self._suspend_call, to_suspend)
         resumes = self.calls.map(self._resume_call, to_resume)
-        suspended = [c for c, call in zip(to_suspend, suspends) if self._suspend_took(c, call, now)]
+        suspended = [c for c, call in zip(to_suspend, suspends)
+                     if self._suspend_took(c, call, now, woken_by.get(c.slot))]
         resumed = [c for c, call in zip(to_resume, resumes) if self._resume_took(c, call)]
         for c in suspended:
             self._record_suspended(c)
@@ -385,14 +385,14 @@ class Lv3Engine:
         first). On a pool thread: touches nothing but its client's mechanism."""
         return timed_call(lambda: c.mech.suspend(c.mech.known_queues() or None, self.host.grace_period))
 
-    def _suspend_took(self, c, call, now):
+    def _suspend_took(self, c, call, now, woken_by=None):
         """True if the suspend took."""
         if call.error is not None:
             self._call_failed(c, "suspend", call.error)
             return False
         c.switch_s = call.took_s
         c.queues = tuple(o.qid for o in call.result.outcomes if o.ok)
-        self._trace("suspend", c, call, c.queues)
+        self._trace("suspend", c, call, c.queues, woken_by)
         c.suspended_at = now
         c.suspends += 1
         return True
@@ -453,10 +453,10 @@ class Lv3Engine:
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV1)      # announced: its gate gates again
 
-    def _trace(self, what, c, call, queues=()):
+    def _trace(self, what, c, call, queues=(), woken_by=None):
+        """`woken_by`: when the activation a suspend serves began (the line then says the lag)."""
         if self.trace is not None:
             try:
-                woken_by = self._woken_by.get(c.slot) if what == "suspend" else None
                 lag = f" {(call.started - woken_by) * 1e6:.0f} us after the activation" if woken_by else ""
                 self.trace.write(f"{call.started:.6f} {what} pid {c.pid} took {call.took_s * 1e6:.0f} us{lag}"
                                  + (f" queues {list(queues)}" if queues else "") + "\n")
@@ -490,7 +490,8 @@ class Lv3Engine:
 def _latest_activation(states, run, device):
     """When the latest of the running clients that share `device` became active (None: none known)."""
     return max((q.ready_since for q in states
-                if q.ready and q.id in run and q.ready_since and shares_device(q.device, device)), default=None)
+                if q.ready and q.id in run and q.ready_since and shares_device(q.device, device)),
+               default=None)
 
 
 def _owner(pid):
