@@ -204,6 +204,37 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
     assert per_sync == MAX_COMMANDS_PER_SYNC
 
 
+def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatch):
+    """A batch job of 20 x 8 ms kernels a call, synchronized each call, held next to a service whose
+    activity changes the board during every wait (so nothing is learned): its first sync point after
+    each synchronize finds the GPU "keeping up". The window must still bound its in-flight work to a
+    few commands, not let the spacing ratchet up to a whole call queued ahead of the service."""
+    from types import SimpleNamespace
+
+    from xsched_lv3 import window as window_module
+    clock, gpu_free_at = [0.0], [0.0]
+    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    w = ProgressiveWindow(window_us=500)
+    kernel_s, leaves, most_queued = 8e-3, 0, 0.0
+
+    def wait(done_at):
+        clock[0] = max(clock[0], done_at)
+    for call in range(40):
+        for _ in range(20):
+            clock[0] += 10e-6                            # the launch's CPU time
+            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + kernel_s
+            if call >= 10:
+                most_queued = max(most_queued, (gpu_free_at[0] - clock[0]) / kernel_s)
+            leaves += 1
+            if leaves >= w.per_sync:
+                w.sync_point(gpu_free_at[0], leaves, lambda done_at: clock[0] >= done_at, wait,
+                             changed=lambda: True)
+                leaves = 0
+        clock[0] = max(clock[0], gpu_free_at[0])         # the job's own synchronize
+    assert not w.calibrated                              # the case: every wait overlapped a change
+    assert most_queued <= 3                              # not the call's 20 kernels
+
+
 def test_a_gpu_bound_client_keeps_its_learned_time():
     w = ProgressiveWindow(window_us=500)
     w._learn(100.0)

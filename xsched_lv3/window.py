@@ -99,7 +99,7 @@ class ProgressiveWindow:
             if changed is not None and changed():
                 self.paused()
             self.retire(is_done, waited_at=waited_at)
-        self.per_sync = self.commands_per_sync(self.per_sync, kept_up)
+        self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited)
         return waited
 
     def segment(self, handle, n, est_us=None):
@@ -129,13 +129,22 @@ class ProgressiveWindow:
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
-    def commands_per_sync(self, current=None, kept_up=False):
+    def commands_per_sync(self, current=None, kept_up=False, behind=False):
         """How many commands to launch before the next sync point: half a window of the learned GPU
         time (at least one command). Before anything was learned: few at first (a GPU-bound client
         is seen behind within a few commands and learns), doubling each time the GPU was found to
-        keep up (`kept_up`: every sync point but the newest done, no wait), up to
+        keep up (`kept_up`: every sync point but the newest done, no wait), halving each time it was
+        found `behind` (a whole segment queued behind another: waited for), up to
         MAX_COMMANDS_PER_SYNC. A learned time is forgotten once FORGET_AFTER_KEPT_UP sync points in a
-        row found the GPU keeping up."""
+        row found the GPU keeping up.
+
+        Why halve: "kept up" is also what a GPU-bound client shows at its first sync point after it
+        drained the GPU itself (a synchronize each iteration), and learning may never succeed (every
+        wait overlaps another client's activity, `changed`). Doubling alone then ratchets the spacing
+        up to MAX_COMMANDS_PER_SYNC, past a whole iteration of its work, and the window bounds nothing:
+        seen in the simulator, a batch job of 20 x 8 ms kernels a call, held at Lv1 next to a service
+        that wrote the board 40 times a second, kept all 160 ms of a call queued, and the service ran
+        at native latency."""
         if self.calibrated:
             self._kept_up_in_row = self._kept_up_in_row + 1 if kept_up else 0
             if self._kept_up_in_row < FORGET_AFTER_KEPT_UP:
@@ -144,6 +153,8 @@ class ProgressiveWindow:
             self.calibrated, self._kept_up_in_row, self._chain_at = False, 0, None
         if current is None:
             return self.calibration_commands
+        if behind:
+            return max(1, current // 2)
         return min(MAX_COMMANDS_PER_SYNC, 2 * current) if kept_up else current
 
     def _learned_spacing(self):
