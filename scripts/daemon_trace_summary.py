@@ -11,6 +11,8 @@ import gzip
 import re
 import sys
 
+from benchlib import percentile  # (next to this script) the benchmarks' one rank rule
+
 SUSPEND = re.compile(r"suspend pid \d+ took (\d+) us(?: (\d+) us after the activation)?")
 RESUME = re.compile(r"resume pid \d+ took (\d+) us")
 
@@ -32,10 +34,6 @@ def read(path):
     return {"suspend call": suspends, "suspend lag after the activation": lags, "resume call": resumes}
 
 
-def percentile(ordered, p):
-    return ordered[round(p * (len(ordered) - 1))]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -52,8 +50,8 @@ def main(argv=None):
             print(f"{name:34s} none")
             continue
         ordered = sorted(values)
-        print(f"{name:34s} n={len(ordered):5d}  p50 {percentile(ordered, 0.5):6d}  p90 {percentile(ordered, 0.9):6d}"
-              f"  p99 {percentile(ordered, 0.99):6d}  max {ordered[-1]:6d} us")
+        ranks = "".join(f"  p{round(p * 100)} {percentile(ordered, p):6d}" for p in (0.5, 0.9, 0.99))
+        print(f"{name:34s} n={len(ordered):5d}{ranks}  max {ordered[-1]:6d} us")
 
 
 if __name__ == "__main__":

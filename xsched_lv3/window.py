@@ -132,10 +132,10 @@ class ProgressiveWindow:
     def commands_per_sync(self, current=None, kept_up=False, behind=False):
         """How many commands to launch before the next sync point: half a window of the learned GPU
         time (at least one command). Before anything was learned: few at first (a GPU-bound client
-        is seen behind within a few commands and learns), doubling each time the GPU was found to
-        keep up (`kept_up`: every sync point but the newest done, no wait), halving each time it was
-        found `behind` (a whole segment queued behind another: waited for), up to
-        MAX_COMMANDS_PER_SYNC. A learned time is forgotten once FORGET_AFTER_KEPT_UP sync points in a
+        is seen behind within a few commands and learns), doubling up to MAX_COMMANDS_PER_SYNC each
+        time the GPU was found to keep up (`kept_up`: every sync point but the newest done, no wait)
+        and halving each time it was found `behind` (a whole segment queued behind another: waited
+        for). A learned time is forgotten once FORGET_AFTER_KEPT_UP sync points in a
         row found the GPU keeping up.
 
         Why halve: "kept up" is also what a GPU-bound client shows at its first sync point after it
