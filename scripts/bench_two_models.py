@@ -11,6 +11,7 @@ imports. Variants, all measured in one run on one GPU:
                           `xsched-lv3 run -- python batch.py ...`: default options everywhere
   native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
   xsched-threads          the same, each thread bound with `xt.client(priority=...)`, defaults
+  xsched-baseline         with --baseline CHECKOUT: the xsched variant with that tree's scheduler
   xsched[-threads]-strict with --strict: the service at --latency-slack 0 (strict priority: lower
                           clients held for every request), to show what holding only while they
                           endanger it changes
@@ -59,6 +60,7 @@ def commands(variant, pair, seconds, window_us=None):
         "lp-alone-xsched-baseline": [xsched_run(lp)],
         "native": [hp, lp],
         "xsched": [xsched_run(hp, priority=10), xsched_run(lp, window_us=window_us)],
+        "xsched-baseline": [xsched_run(hp, priority=10), xsched_run(lp)],
         "xsched-strict": [xsched_run(hp, priority=10, latency_slack=0), xsched_run(lp, window_us=window_us)],
         "native-threads": [threads],
         "xsched-threads": [threads + ["--scheduled"]],
@@ -114,6 +116,8 @@ def measure(args, doc):
             variants = ["native", "xsched"] if mode == "processes" else ["native-threads", "xsched-threads"]
             if args.strict:
                 variants.append(variants[-1] + "-strict")
+            if args.baseline and mode == "processes":
+                variants.insert(1, "xsched-baseline")     # interleaved: native, baseline, this tree
             for variant in variants:
                 run(variant, pair, args.seconds)
 
@@ -190,7 +194,8 @@ def main():
     p.add_argument("--overhead-reps", type=int, default=2, help="A/B pairs of lp-alone / lp-alone-xsched")
     p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
     p.add_argument("--baseline", metavar="CHECKOUT",
-                   help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C)")
+                   help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C) and "
+                        "the pair (processes: xsched-baseline)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)

@@ -290,3 +290,54 @@ def test_a_synchronous_suspend_at_lv2_returns_at_once():
     xq.resume()
     assert xq.wait_all(timeout=10) and len(hwq.executed) == 20
     xq.close()
+
+
+def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200):
+    """A client launching commands of `gpu_us` of GPU time each `cpu_us` apart, synchronizing after
+    each iteration, under a window, on a scripted GPU. Returns (sync points per iteration, the GPU
+    time queued ahead after each launch of the last half, sorted)."""
+    from types import SimpleNamespace
+
+    from xsched_lv3 import window as window_module
+    clock, gpu_free_at = [0.0], [0.0]
+    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    w = ProgressiveWindow(window_us=500)
+    queued, leaves, syncs = [], 0, 0
+
+    def done(at):
+        return clock[0] >= at
+
+    def wait(at):
+        clock[0] = max(clock[0], at)
+    for iteration in range(iterations):
+        for _ in range(commands_per_iteration):
+            clock[0] += cpu_us * 1e-6
+            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + gpu_us * 1e-6
+            if iteration >= iterations // 2:
+                queued.append((gpu_free_at[0] - clock[0]) * 1e6)
+            leaves += 1
+            if leaves >= w.per_sync:
+                syncs += 1
+                w.sync_point(gpu_free_at[0], leaves, done, wait)
+                leaves = 0
+            elif leaves == w.look_after:
+                w.look_back(done)
+        clock[0] = max(clock[0], gpu_free_at[0])          # the job's own synchronize
+    return syncs / iterations, sorted(queued)
+
+
+def test_a_client_whose_gpu_falls_a_little_behind_each_command_stays_within_its_window(monkeypatch):
+    """40 us of GPU against 30 us of CPU a command, 128 commands an iteration, synchronized after
+    each: every sync point finds the one before it complete (the synchronize drained it), so without
+    the look back half a window after each sync point the spacing rose to all 128 commands and up
+    to ~1.3 ms stayed queued ahead of a higher-priority arrival, against a 500 us window."""
+    _, queued = _scripted_client(monkeypatch, gpu_us=40, cpu_us=30, commands_per_iteration=128)
+    assert queued[int(0.9 * (len(queued) - 1))] <= 600
+    assert queued[-1] <= 1000
+
+
+def test_a_launch_bound_client_keeps_its_sync_points_sparse(monkeypatch):
+    """The look back costs a client whose GPU keeps up no sync points: it still places about one an
+    iteration (a sync point costs a launch-bound client percents of its throughput)."""
+    per_iteration, queued = _scripted_client(monkeypatch, gpu_us=15, cpu_us=20, commands_per_iteration=170)
+    assert per_iteration <= 2 and queued[-1] <= 20

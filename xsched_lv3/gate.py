@@ -73,6 +73,7 @@ class Gate:
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
+        self._look_after = 0                       # ... and at which the last one is looked at again (window.look_back)
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
         self.clear_to_run = True                   # guarded, allowed to run, and no policy timer pending
@@ -204,7 +205,7 @@ class Gate:
         window_us = self.window_us * window_scale if self.window_us else self.window_us
         if guarded and not self.guarded and window_us:
             self.window = ProgressiveWindow(window_us)
-            self._per_sync, self._leaves = self.window.per_sync, 0
+            self._per_sync, self._leaves, self._look_after = self.window.per_sync, 0, 0
             if self.device:                        # GPU in use: what we launched while free is in flight too
                 self.window.backlog(self.recorder.record())
         elif not guarded:
@@ -348,6 +349,8 @@ class Gate:
         self._leaves += 1
         if self._leaves >= self._per_sync:
             self._sync_point()
+        elif self._leaves == self._look_after:
+            self._look_back()
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
@@ -360,7 +363,15 @@ class Gate:
             self.sync_points += 1
             self.blocked_syncs += window.sync_point(recorder.record(), n, recorder.done, recorder.wait,
                                                     changed=self._board_changed)
-            self._per_sync = window.per_sync
+            self._per_sync, self._look_after = window.per_sync, window.look_after
+
+    def _look_back(self):
+        window = self.window
+        if window is None:
+            return
+        with self._window_lock:
+            window.look_back(self.recorder.done)
+            self._per_sync, self._look_after = window.per_sync, window.look_after
 
     def _board_changed(self):
         return self.board_generation[0] != self.seen_generation

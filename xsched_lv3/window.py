@@ -12,6 +12,9 @@ only where the GPU is seen behind: a sync point still incomplete when the window
 for, and two such waits in a row, the second segment queued before the first completed, time one
 segment of pure GPU work. Until then sync points start a few commands apart and double while the
 GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-blocking query.
+"Keeping up" is judged half a window of CPU time after each sync point (`look_after`, `look_back`):
+a segment that ends at a synchronize is always complete by the next sync point, so that alone cannot
+tell a launch-bound client from one whose GPU falls behind a little with every command.
 
 One loop for every client (`sync_point`): the XQueue's launch worker and the inline gate (PyTorch
 eager) count their commands and call it; the XQueue may also know each command's GPU time.
@@ -67,6 +70,10 @@ class ProgressiveWindow:
         self._chain_at = None                    # when the last waited-for sync point completed
         self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
         self.per_sync = self.commands_per_sync()  # commands to launch before the next sync point
+        self._recorded_at = None                 # when the latest sync point was recorded (None: a pause since)
+        self._cpu_us = None                      # CPU time per command between sync points, latest measured
+        self._looked = None                      # this segment's look-back: True (caught up), False (behind)
+        self.look_after = 0                      # commands after the latest sync point to call look_back at (0: none)
 
     def resize(self, window_us):
         """A new bound from the next sync point on (what is in flight stays)."""
@@ -89,9 +96,15 @@ class ProgressiveWindow:
         the learned time. `changed()`: whether another client's activity changed during the wait (its
         kernels may then be in the interval, which is not learned). Returns whether it waited; the
         commands to launch before the next sync point are then in `per_sync`."""
+        now = time.monotonic()
+        if self._recorded_at is not None and n:  # launching only since the last one (no wait, no hold)
+            self._cpu_us = (now - self._recorded_at) * 1e6 / n
         self.segment(handle, n, est_us)
-        # kept up: the previous segment is done by now (the very first sync point proves nothing)
-        kept_up = self.retire(is_done) > 0 and len(self.pending) <= 1
+        # kept up: the previous segment is done by now (the very first sync point proves nothing), and
+        # half a window after the latest one the GPU had caught up with it, where that was looked at
+        retired = self.retire(is_done)
+        kept_up = len(self.pending) <= 1 and (retired > 0 if self._looked is None else self._looked)
+        self._looked = None
         waited = self.over()
         if waited:                               # the GPU is behind by more than the window
             wait(self.pending[0][0])
@@ -100,7 +113,37 @@ class ProgressiveWindow:
                 self.paused()
             self.retire(is_done, waited_at=waited_at)
         self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited)
+        self._recorded_at = time.monotonic()
+        self.look_after = self._look_after()
         return waited
+
+    def _look_after(self):
+        """After how many commands the latest sync point is looked at again (0: not at all): half a
+        window of the measured CPU time per command, where that comes before the next sync point and
+        nothing was learned (a learned window bounds its work by time and waits)."""
+        if self.calibrated or not self._cpu_us:
+            return 0
+        after = int(self.sync_every_us / self._cpu_us) + 1
+        return after if after < self.per_sync else 0
+
+    def look_back(self, is_done):
+        """`look_after` commands after the latest sync point (half a window of CPU time): if the GPU
+        has not reached it yet, more than half a window of work was queued ahead of it when it was
+        recorded. The spacing halves, and does not double at the next sync point. Why: a client whose
+        GPU time per command is a little above its CPU time falls behind all through a long segment
+        (40 us of GPU against 30 us of CPU, 128 commands: ~1.3 ms queued by its end, against a 500 us
+        window), yet if it synchronizes each iteration, every sync point finds the one before it
+        complete, and the spacing would never come down."""
+        self.look_after = 0
+        if self._recorded_at is None or not self.pending:
+            return
+        if (time.monotonic() - self._recorded_at) * 1e6 < self.sync_every_us:
+            return                               # launched faster than measured: too early to tell
+        latest = self.pending[-1][0]
+        self.retire(is_done)                     # in order: done handles leave the window (and may be reused)
+        self._looked = not (self.pending and self.pending[-1][0] is latest)
+        if not self._looked:
+            self.per_sync = max(1, self.per_sync // 2)
 
     def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
@@ -195,6 +238,8 @@ class ProgressiveWindow:
         """The client was held back, or another client's activity changed: an interval reaching
         across this point is not (only) this client's GPU work, and is not learned from."""
         self._chain_at = None
+        self._recorded_at = None                 # nor is it CPU time per command
+        self.look_after = 0
 
     def _learn(self, measured_us):
         first = not self.calibrated
@@ -208,6 +253,7 @@ class ProgressiveWindow:
 
     def clear(self):
         self._chain_at = None
+        self._recorded_at, self.look_after, self._looked = None, 0, None
         self.pending.clear()
         self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0

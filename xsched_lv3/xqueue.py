@@ -159,6 +159,9 @@ class XQueue:
                 with self._window_lock:
                     self.window.sync_point(handle, n, self.hwq.sync_point_done, self.hwq.wait_sync_point, est_us)
                 n, est_us = 0, 0.0
+            elif n == self.window.look_after:
+                with self._window_lock:
+                    self.window.look_back(self.hwq.sync_point_done)
 
     def _watch_idle(self):
         """When the buffer empties, wait for the last launch to complete; if nothing was launched
