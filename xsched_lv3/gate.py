@@ -73,7 +73,7 @@ class Gate:
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
-        self._look_after = 0                       # ... and at which the last one is looked at again (window.look_back)
+        self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
         self.clear_to_run = True                   # guarded, allowed to run, and no policy timer pending
