@@ -293,8 +293,8 @@ def test_a_synchronous_suspend_at_lv2_returns_at_once():
 
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200):
-    """A client launching commands of `gpu_us` of GPU time each `cpu_us` apart, synchronizing after
-    each iteration, under a window, on a scripted GPU. Returns (sync points per iteration, the GPU
+    """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
+    apart, synchronizing after each iteration, under a window, on a scripted GPU. Returns (sync points per iteration, the GPU
     time queued ahead after each launch of the last half, sorted)."""
     from types import SimpleNamespace
 
@@ -310,9 +310,10 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
     def wait(at):
         clock[0] = max(clock[0], at)
     for iteration in range(iterations):
+        command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
         for _ in range(commands_per_iteration):
             clock[0] += cpu_us * 1e-6
-            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + gpu_us * 1e-6
+            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + command_us * 1e-6
             if iteration >= iterations // 2:
                 queued.append((gpu_free_at[0] - clock[0]) * 1e6)
             leaves += 1
@@ -341,3 +342,13 @@ def test_a_launch_bound_client_keeps_its_sync_points_sparse(monkeypatch):
     iteration (a sync point costs a launch-bound client percents of its throughput)."""
     per_iteration, queued = _scripted_client(monkeypatch, gpu_us=15, cpu_us=20, commands_per_iteration=170)
     assert per_iteration <= 2 and queued[-1] <= 20
+
+
+def test_a_launch_bound_client_that_turns_gpu_bound_is_windowed_again(monkeypatch):
+    """Spaced by 128 commands while its GPU keeps up, then 40 us of GPU against 30 us of CPU a
+    command, 170 commands an iteration: segments then span the client's own synchronize, so the
+    time between two sync points overstates its CPU time per command; the look back must still come
+    half a window after the sync point (at the rate seen since), not before, where it tells nothing."""
+    _, queued = _scripted_client(monkeypatch, gpu_us=[10] * 100 + [40] * 200, cpu_us=30,
+                                 commands_per_iteration=170, iterations=300)
+    assert queued[int(0.9 * (len(queued) - 1))] <= 600

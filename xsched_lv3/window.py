@@ -133,12 +133,21 @@ class ProgressiveWindow:
         GPU time per command is a little above its CPU time falls behind all through a long segment
         (40 us of GPU against 30 us of CPU, 128 commands: ~1.3 ms queued by its end, against a 500 us
         window), yet if it synchronizes each iteration, every sync point finds the one before it
-        complete, and the spacing would never come down."""
-        self.look_after = 0
-        if self._recorded_at is None or not self.pending:
+        complete, and the spacing would never come down. Still blind: a client whose every sync
+        point falls just before its own synchronize (an iteration exactly as long as the spacing),
+        which drains the GPU before any look."""
+        looked_at, self.look_after = self.look_after, 0
+        if self._recorded_at is None or not self.pending or not looked_at:
             return
-        if (time.monotonic() - self._recorded_at) * 1e6 < self.sync_every_us:
-            return                               # launched faster than measured: too early to tell
+        elapsed_us = (time.monotonic() - self._recorded_at) * 1e6
+        if elapsed_us < self.sync_every_us:
+            # launched faster than the last interval suggested (it may have held a synchronize of
+            # the client's own): too early to tell; look again once half a window has passed at
+            # the rate seen since the sync point
+            self._cpu_us = elapsed_us / looked_at
+            later = looked_at + int((self.sync_every_us - elapsed_us) / max(self._cpu_us, 1e-3)) + 1
+            self.look_after = later if later < self.per_sync else 0
+            return
         latest = self.pending[-1][0]
         self.retire(is_done)                     # in order: done handles leave the window (and may be reused)
         self._looked = not (self.pending and self.pending[-1][0] is latest)
