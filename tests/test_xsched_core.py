@@ -294,8 +294,8 @@ def test_a_synchronous_suspend_at_lv2_returns_at_once():
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200):
     """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
-    apart, synchronizing after each iteration, under a window, on a scripted GPU. Returns (sync points per iteration, the GPU
-    time queued ahead after each launch of the last half, sorted)."""
+    apart, synchronizing after each iteration, under a window, on a scripted GPU. Returns (sync
+    points per iteration, the GPU time queued ahead after each launch of the last half, sorted)."""
     from types import SimpleNamespace
 
     from xsched_lv3 import window as window_module

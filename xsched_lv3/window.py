@@ -70,10 +70,10 @@ class ProgressiveWindow:
         self._chain_at = None                    # when the last waited-for sync point completed
         self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
         self.per_sync = self.commands_per_sync()  # commands to launch before the next sync point
-        self._recorded_at = None                 # when the latest sync point was recorded (None: paused since)
+        self._recorded_at = None                 # when the latest sync point was recorded (None: paused)
         self._cpu_us = None                      # CPU time per command between sync points, latest measured
         self._looked = None                      # this segment's look-back: True (caught up), False (behind)
-        self.look_after = 0                      # commands after the latest sync point to look back at (0: none)
+        self.look_after = 0                      # commands after the latest sync point to look back (0: no)
 
     def resize(self, window_us):
         """A new bound from the next sync point on (what is in flight stays)."""
