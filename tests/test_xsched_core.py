@@ -352,3 +352,31 @@ def test_a_launch_bound_client_that_turns_gpu_bound_is_windowed_again(monkeypatc
     _, queued = _scripted_client(monkeypatch, gpu_us=[10] * 100 + [40] * 200, cpu_us=30,
                                  commands_per_iteration=170, iterations=300)
     assert queued[int(0.9 * (len(queued) - 1))] <= 600
+
+
+def test_a_pause_from_another_thread_during_a_look_back_does_not_break_it(monkeypatch):
+    """The gate pauses the window without its lock (a board refresh on another thread of the
+    client); a look back that read the sync point's time twice raised TypeError in a leaf hook when
+    that landed between the two reads. The scripted clock runs the pause at exactly that point."""
+    from types import SimpleNamespace
+
+    from xsched_lv3 import window as window_module
+    clock, on_next_read = [0.0], []
+
+    def monotonic():
+        while on_next_read:
+            on_next_read.pop()()
+        return clock[0]
+    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=monotonic))
+    w = ProgressiveWindow(window_us=500)
+    for _ in range(3):                               # a CPU rate is measured, so a look is due
+        clock[0] += w.per_sync * 30e-6
+        handle = object()
+        w.sync_point(handle, w.per_sync, lambda h, newest=handle: h is not newest, lambda h: None)
+    assert w.look_after
+    clock[0] += w.look_after * 30e-6
+    on_next_read.append(w.paused)
+    w.look_back(lambda h: False)                     # must not raise
+    on_next_read.append(w.paused)
+    clock[0] += 8 * 30e-6
+    w.sync_point(object(), 8, lambda h: False, lambda h: None)

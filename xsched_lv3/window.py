@@ -96,9 +96,11 @@ class ProgressiveWindow:
         the learned time. `changed()`: whether another client's activity changed during the wait (its
         kernels may then be in the interval, which is not learned). Returns whether it waited; the
         commands to launch before the next sync point are then in `per_sync`."""
-        now = time.monotonic()
-        if self._recorded_at is not None and n:  # launching only since the last one (no wait, no hold)
-            self._cpu_us = (now - self._recorded_at) * 1e6 / n
+        # read once: another thread of the client may pause() the window meanwhile (the gate does so
+        # without the window's lock)
+        recorded_at = self._recorded_at
+        if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
+            self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
         self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
         # half a window after the latest one the GPU had caught up with it, where that was looked at
@@ -137,9 +139,10 @@ class ProgressiveWindow:
         point falls just before its own synchronize (an iteration exactly as long as the spacing),
         which drains the GPU before any look."""
         looked_at, self.look_after = self.look_after, 0
-        if self._recorded_at is None or not self.pending or not looked_at:
+        recorded_at = self._recorded_at          # read once, as in sync_point
+        if recorded_at is None or not self.pending or not looked_at:
             return
-        elapsed_us = (time.monotonic() - self._recorded_at) * 1e6
+        elapsed_us = (time.monotonic() - recorded_at) * 1e6
         if elapsed_us < self.sync_every_us:
             # launched faster than the last interval suggested (it may have held a synchronize of
             # the client's own): too early to tell; look again once half a window has passed at

@@ -103,6 +103,9 @@ class XQueue:
             elif self.level == Level.DEACTIVATE:
                 self.hwq.reactivate()
             self._suspended = False
+            # time across the suspension is neither our CPU nor our GPU time. Not under the window's
+            # lock: the worker may hold it waiting on a sync point that only this resume lets complete
+            self.window.paused()
             self._cv.notify_all()
 
     def drain(self):
