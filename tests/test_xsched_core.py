@@ -204,35 +204,54 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
     assert per_sync == MAX_COMMANDS_PER_SYNC
 
 
-def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatch):
-    """A batch job of 20 x 8 ms kernels a call, synchronized each call, held next to a service whose
-    activity changes the board during every wait (so nothing is learned): its first sync point after
-    each synchronize finds the GPU "keeping up". The window must still bound its in-flight work to a
-    few commands, not let the spacing ratchet up to a whole call queued ahead of the service."""
+def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200, measured_from=None,
+                     changed=None):
+    """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
+    apart, synchronizing after each iteration, under a window, on a scripted GPU (`changed`: the
+    window's test for another client's activity during a wait). Returns (sync points per iteration,
+    the GPU time queued ahead after each launch from iteration `measured_from` on (default: the last
+    half), sorted, the window)."""
     from types import SimpleNamespace
 
     from xsched_lv3 import window as window_module
     clock, gpu_free_at = [0.0], [0.0]
     monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     w = ProgressiveWindow(window_us=500)
-    kernel_s, leaves, most_queued = 8e-3, 0, 0.0
+    queued, leaves, syncs = [], 0, 0
+    measured_from = iterations // 2 if measured_from is None else measured_from
 
-    def wait(done_at):
-        clock[0] = max(clock[0], done_at)
-    for call in range(40):
-        for _ in range(20):
-            clock[0] += 10e-6                            # the launch's CPU time
-            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + kernel_s
-            if call >= 10:
-                most_queued = max(most_queued, (gpu_free_at[0] - clock[0]) / kernel_s)
+    def done(at):
+        return clock[0] >= at
+
+    def wait(at):
+        clock[0] = max(clock[0], at)
+    for iteration in range(iterations):
+        command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
+        for _ in range(commands_per_iteration):
+            clock[0] += cpu_us * 1e-6
+            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + command_us * 1e-6
+            if iteration >= measured_from:
+                queued.append((gpu_free_at[0] - clock[0]) * 1e6)
             leaves += 1
             if leaves >= w.per_sync:
-                w.sync_point(gpu_free_at[0], leaves, lambda done_at: clock[0] >= done_at, wait,
-                             changed=lambda: True)
+                syncs += 1
+                w.sync_point(gpu_free_at[0], leaves, done, wait, changed=changed)
                 leaves = 0
-        clock[0] = max(clock[0], gpu_free_at[0])         # the job's own synchronize
+            elif leaves == w.look_after:
+                w.look_back(done)
+        clock[0] = max(clock[0], gpu_free_at[0])          # the job's own synchronize
+    return syncs / iterations, sorted(queued), w
+
+
+def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatch):
+    """A batch job of 20 x 8 ms kernels a call, synchronized each call, held next to a service whose
+    activity changes the board during every wait (so nothing is learned): its first sync point after
+    each synchronize finds the GPU "keeping up". The window must still bound its in-flight work to a
+    few commands, not let the spacing ratchet up to a whole call queued ahead of the service."""
+    _, queued, w = _scripted_client(monkeypatch, gpu_us=8000, cpu_us=10, commands_per_iteration=20,
+                                    iterations=40, measured_from=10, changed=lambda: True)
     assert not w.calibrated                              # the case: every wait overlapped a change
-    assert most_queued <= 3                              # not the call's 20 kernels
+    assert queued[-1] / 8000 <= 3                        # not the call's 20 kernels
 
 
 def test_a_gpu_bound_client_keeps_its_learned_time():
@@ -292,47 +311,12 @@ def test_a_synchronous_suspend_at_lv2_returns_at_once():
     xq.close()
 
 
-def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200):
-    """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
-    apart, synchronizing after each iteration, under a window, on a scripted GPU. Returns (sync
-    points per iteration, the GPU time queued ahead after each launch of the last half, sorted)."""
-    from types import SimpleNamespace
-
-    from xsched_lv3 import window as window_module
-    clock, gpu_free_at = [0.0], [0.0]
-    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    w = ProgressiveWindow(window_us=500)
-    queued, leaves, syncs = [], 0, 0
-
-    def done(at):
-        return clock[0] >= at
-
-    def wait(at):
-        clock[0] = max(clock[0], at)
-    for iteration in range(iterations):
-        command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
-        for _ in range(commands_per_iteration):
-            clock[0] += cpu_us * 1e-6
-            gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + command_us * 1e-6
-            if iteration >= iterations // 2:
-                queued.append((gpu_free_at[0] - clock[0]) * 1e6)
-            leaves += 1
-            if leaves >= w.per_sync:
-                syncs += 1
-                w.sync_point(gpu_free_at[0], leaves, done, wait)
-                leaves = 0
-            elif leaves == w.look_after:
-                w.look_back(done)
-        clock[0] = max(clock[0], gpu_free_at[0])          # the job's own synchronize
-    return syncs / iterations, sorted(queued)
-
-
 def test_a_client_whose_gpu_falls_a_little_behind_each_command_stays_within_its_window(monkeypatch):
     """40 us of GPU against 30 us of CPU a command, 128 commands an iteration, synchronized after
     each: every sync point finds the one before it complete (the synchronize drained it), so without
     the look back half a window after each sync point the spacing rose to all 128 commands and up
     to ~1.3 ms stayed queued ahead of a higher-priority arrival, against a 500 us window."""
-    _, queued = _scripted_client(monkeypatch, gpu_us=40, cpu_us=30, commands_per_iteration=128)
+    _, queued, _ = _scripted_client(monkeypatch, gpu_us=40, cpu_us=30, commands_per_iteration=128)
     assert queued[int(0.9 * (len(queued) - 1))] <= 600
     assert queued[-1] <= 1000
 
@@ -340,7 +324,7 @@ def test_a_client_whose_gpu_falls_a_little_behind_each_command_stays_within_its_
 def test_a_launch_bound_client_keeps_its_sync_points_sparse(monkeypatch):
     """The look back costs a client whose GPU keeps up no sync points: it still places about one an
     iteration (a sync point costs a launch-bound client percents of its throughput)."""
-    per_iteration, queued = _scripted_client(monkeypatch, gpu_us=15, cpu_us=20, commands_per_iteration=170)
+    per_iteration, queued, _ = _scripted_client(monkeypatch, gpu_us=15, cpu_us=20, commands_per_iteration=170)
     assert per_iteration <= 2 and queued[-1] <= 20
 
 
@@ -349,7 +333,7 @@ def test_a_launch_bound_client_that_turns_gpu_bound_is_windowed_again(monkeypatc
     command, 170 commands an iteration: segments then span the client's own synchronize, so the
     time between two sync points overstates its CPU time per command; the look back must still come
     half a window after the sync point (at the rate seen since), not before, where it tells nothing."""
-    _, queued = _scripted_client(monkeypatch, gpu_us=[10] * 100 + [40] * 200, cpu_us=30,
+    _, queued, _ = _scripted_client(monkeypatch, gpu_us=[10] * 100 + [40] * 200, cpu_us=30,
                                  commands_per_iteration=170, iterations=300)
     assert queued[int(0.9 * (len(queued) - 1))] <= 600
 

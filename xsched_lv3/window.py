@@ -119,13 +119,14 @@ class ProgressiveWindow:
         self.look_after = self._look_after()
         return waited
 
-    def _look_after(self):
-        """After how many commands the latest sync point is looked at again (0: not at all): half a
-        window of the measured CPU time per command, where that comes before the next sync point and
-        nothing was learned (a learned window bounds its work by time and waits)."""
+    def _look_after(self, launched=0, elapsed_us=0.0):
+        """After how many commands the latest sync point is looked at (0: not at all): once half a
+        window of CPU time has passed at the measured time per command, counting `launched` commands
+        that took `elapsed_us` since it, where that comes before the next sync point and nothing was
+        learned (a learned window bounds its work by time and waits)."""
         if self.calibrated or not self._cpu_us:
             return 0
-        after = int(self.sync_every_us / self._cpu_us) + 1
+        after = launched + int((self.sync_every_us - elapsed_us) / self._cpu_us) + 1
         return after if after < self.per_sync else 0
 
     def look_back(self, is_done):
@@ -148,12 +149,12 @@ class ProgressiveWindow:
             # the client's own): too early to tell; look again once half a window has passed at
             # the rate seen since the sync point
             self._cpu_us = elapsed_us / looked_at
-            later = looked_at + int((self.sync_every_us - elapsed_us) / max(self._cpu_us, 1e-3)) + 1
-            self.look_after = later if later < self.per_sync else 0
+            self.look_after = self._look_after(looked_at, elapsed_us)
             return
-        latest = self.pending[-1][0]
-        self.retire(is_done)                     # in order: done handles leave the window (and may be reused)
-        self._looked = not (self.pending and self.pending[-1][0] is latest)
+        # in order, so the latest sync point is left pending exactly when the GPU has not reached it
+        # (done handles leave the window, and may be reused)
+        self.retire(is_done)
+        self._looked = not self.pending
         if not self._looked:
             self.per_sync = max(1, self.per_sync // 2)
 
