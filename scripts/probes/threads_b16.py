@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""A diagnostic probe (12 s runs, ~220 HP requests: no P99 claims): where a launch-bound LP (ResNet-50
+b16) loses throughput as a thread next to a ResNet-18 b4 service thread (pair_threads.py) under
+`xt.client`. Variants interleaved, twice; then py-spy (when installed) samples one native and one
+scheduled run per thread, written as collapsed stacks to --profile-dir."""
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_two_models as b  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--seconds", default="12")
+p.add_argument("--profile-dir")
+args = p.parse_args()
+PY = sys.executable
+base = [PY, str(b.WORK / "pair_threads.py"), "--hp", "resnet18:4", "--lp", "resnet50:16", "--seconds", args.seconds]
+variants = [
+    ("native", []), ("xsched", ["--scheduled"]),
+    ("xsched-switch5ms", ["--scheduled", "--switch-interval-ms", "5"]),
+    ("native-switch0.5ms", ["--switch-interval-ms", "0.5"]),
+    ("lp-only-native", ["--no-hp"]), ("lp-only-xsched", ["--no-hp", "--scheduled"]),
+    ("xsched-strict", ["--scheduled", "--latency-slack", "0"]),
+]
+
+
+def show(name, r):
+    r = b.summarize(r)
+    g = r.get("lp_gate", {})
+    h = r.get("hp_gate", {})
+    print(f"{name:20s} lp {r.get('lp_iters_per_s', 0):6.1f} it/s  hp p50 {r.get('hp_p50_ms', 0):5.2f} "
+          f"p99 {r.get('hp_p99_ms', 0):5.2f} ms  lp held {g.get('held_s', 0):.2f}s waits {g.get('waits')} "
+          f"syncs {g.get('sync_points')} blocked {g.get('blocked_syncs')}  hp active {h.get('active_s', 0):.2f}s "
+          f"exposed {h.get('exposed_requests')}", flush=True)
+
+
+for rep in range(2):
+    for name, extra in variants:
+        show(name, b.run_together([base + extra], 200)[0])
+
+spy = shutil.which("py-spy")
+spies = []
+if args.profile_dir and spy:
+    for name, extra in variants[:2]:
+        out = Path(args.profile_dir, f"pyspy_{name}.txt")
+
+        def record(pids, out=out):
+            spies.append(subprocess.Popen([spy, "record", "--pid", str(pids[0]), "--threads", "--idle", "--format", "raw",
+                              "--rate", "250", "--duration", str(int(float(args.seconds))), "--nonblocking",
+                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        show(name + "+py-spy", b.run_together([base + extra], 200, when_ready=record)[0])
+for spied in spies:
+    print("py-spy:", spied.communicate(timeout=60)[1].decode()[-300:].strip())
