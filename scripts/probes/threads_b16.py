@@ -14,6 +14,9 @@ import bench_two_models as b  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--seconds", default="12")
 p.add_argument("--profile-dir")
+p.add_argument("--reps", type=int, default=2)
+p.add_argument("--variants", nargs="+", help="the named variants only (default: all)")
+p.add_argument("--spy", nargs="*", default=["native", "xsched"], help="variants to sample with py-spy")
 args = p.parse_args()
 PY = sys.executable
 base = [PY, str(b.WORK / "pair_threads.py"), "--hp", "resnet18:4", "--lp", "resnet50:16", "--seconds", args.seconds]
@@ -36,20 +39,23 @@ def show(name, r):
           f"exposed {h.get('exposed_requests')}", flush=True)
 
 
-for rep in range(2):
-    for name, extra in variants:
+chosen = [(n, e) for n, e in variants if not args.variants or n in args.variants]
+for rep in range(args.reps):
+    for name, extra in chosen:
         show(name, b.run_together([base + extra], 200)[0])
 
 spy = shutil.which("py-spy")
 spies = []
 if args.profile_dir and spy:
-    for name, extra in variants[:2]:
-        out = Path(args.profile_dir, f"pyspy_{name}.txt")
-
-        def record(pids, out=out):
-            spies.append(subprocess.Popen([spy, "record", "--pid", str(pids[0]), "--threads", "--idle", "--format", "raw",
-                              "--rate", "250", "--duration", str(int(float(args.seconds))), "--nonblocking",
-                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for name, extra in [(n, e) for n, e in variants if n in args.spy]:
+        def record(pids, name=name):
+            # wall time (idle included) and GIL holders, at once: the difference is waiting for the GIL
+            for mode, flags in (("wall", ["--idle"]), ("gil", ["--gil"])):
+                spies.append(subprocess.Popen(
+                    [spy, "record", "--pid", str(pids[0]), "--threads", *flags, "--format", "raw", "--rate", "250",
+                     "--duration", str(int(float(args.seconds))), "--nonblocking",
+                     "-o", str(Path(args.profile_dir, f"pyspy_{name}_{mode}.txt"))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         show(name + "+py-spy", b.run_together([base + extra], 200, when_ready=record)[0])
 for spied in spies:
     print("py-spy:", spied.communicate(timeout=60)[1].decode()[-300:].strip())
