@@ -11,7 +11,7 @@ imports. Variants, all measured in one run on one GPU:
                           `xsched-lv3 run -- python batch.py ...`: default options everywhere
   native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
   xsched-threads          the same, each thread bound with `xt.client(priority=...)`, defaults
-  xsched-baseline         with --baseline CHECKOUT: the xsched variant with that tree's scheduler
+  xsched[-threads]-baseline  with --baseline CHECKOUT: the xsched variant with that tree's scheduler
   xsched[-threads]-strict with --strict: the service at --latency-slack 0 (strict priority: lower
                           clients held for every request), to show what holding only while they
                           endanger it changes
@@ -64,6 +64,7 @@ def commands(variant, pair, seconds, window_us=None):
         "xsched-strict": [xsched_run(hp, priority=10, latency_slack=0), xsched_run(lp, window_us=window_us)],
         "native-threads": [threads],
         "xsched-threads": [threads + ["--scheduled"]],
+        "xsched-threads-baseline": [threads + ["--scheduled"]],
         "xsched-threads-strict": [threads + ["--scheduled", "--latency-slack", "0"]],
     }[variant]
 
@@ -116,8 +117,8 @@ def measure(args, doc):
             variants = ["native", "xsched"] if mode == "processes" else ["native-threads", "xsched-threads"]
             if args.strict:
                 variants.append(variants[-1] + "-strict")
-            if args.baseline and mode == "processes":
-                variants.insert(1, "xsched-baseline")     # interleaved: native, baseline, this tree
+            if args.baseline:
+                variants.insert(1, variants[1] + "-baseline")     # interleaved: native, baseline, this tree
             for variant in variants:
                 run(variant, pair, args.seconds)
 
@@ -168,7 +169,7 @@ def table(paths):
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
     order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "xsched-strict",
-             "native-threads", "xsched-threads", "xsched-threads-strict"]
+             "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))
@@ -195,7 +196,7 @@ def main():
     p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
     p.add_argument("--baseline", metavar="CHECKOUT",
                    help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C) and "
-                        "the pair (processes: xsched-baseline)")
+                        "the pair (xsched-baseline, xsched-threads-baseline)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)

@@ -275,7 +275,9 @@ def test_torch_hwqueue_with_xqueue(torch_fake):
     xq.close()
 
 
-def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
+def test_scheduled_threads_leave_the_gil_switch_interval_alone(torch_fake):
+    """The interpreter's switch interval is the program's: two clients shortening it cost a batch thread
+    throughput on a GPU (pytorch.py says where that was measured)."""
     torch, gpu, xt = torch_fake
     before = sys.getswitchinterval()
     inside, leave = threading.Barrier(2), threading.Event()
@@ -289,7 +291,7 @@ def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
         t = threading.Thread(target=other_thread)
         t.start()
         inside.wait()
-        assert sys.getswitchinterval() == min(before, xt.THREADS_SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == before
         leave.set()
         t.join()
         assert sys.getswitchinterval() == before

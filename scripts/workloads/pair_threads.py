@@ -36,8 +36,7 @@ def main():
     p.add_argument("--no-hp", action="store_true")
     p.add_argument("--no-lp", action="store_true")
     p.add_argument("--switch-interval-ms", type=float,
-                   help="diagnostics: the interpreter's GIL switch interval for the whole run (with --scheduled "
-                        "also what xt.client would set)")
+                   help="diagnostics: the interpreter's GIL switch interval for the whole run")
     args = p.parse_args()
     import torch
     xt = None
@@ -45,8 +44,6 @@ def main():
         import xsched_lv3.pytorch as xt
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
-        if xt:
-            xt.THREADS_SWITCH_INTERVAL_S = args.switch_interval_ms / 1e3
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
     def role(kind, priority, fn):
