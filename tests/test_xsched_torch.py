@@ -275,9 +275,7 @@ def test_torch_hwqueue_with_xqueue(torch_fake):
     xq.close()
 
 
-def test_scheduled_threads_leave_the_gil_switch_interval_alone(torch_fake):
-    """The interpreter's switch interval is the program's: two clients shortening it cost a batch thread
-    throughput on a GPU (pytorch.py says where that was measured)."""
+def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
     torch, gpu, xt = torch_fake
     before = sys.getswitchinterval()
     inside, leave = threading.Barrier(2), threading.Event()
@@ -291,7 +289,7 @@ def test_scheduled_threads_leave_the_gil_switch_interval_alone(torch_fake):
         t = threading.Thread(target=other_thread)
         t.start()
         inside.wait()
-        assert sys.getswitchinterval() == before
+        assert sys.getswitchinterval() == min(before, xt.THREADS_SWITCH_INTERVAL_S)
         leave.set()
         t.join()
         assert sys.getswitchinterval() == before

@@ -18,6 +18,7 @@ A client with nobody above it pays one wrapper per module call and one board rea
     with xt.client(priority=10):      # this thread is latency-critical
         y = model(x)
 """
+import sys
 import threading
 import zlib
 from contextlib import contextmanager
@@ -126,19 +127,37 @@ def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
     gate = Gate(TorchRecorder(), priority, policy, window_us, **hints)
     previous = getattr(_local, "gate", None)
     _local.gate = gate
+    _thread_clients(+1)
     try:
         yield gate
     finally:
+        _thread_clients(-1)
         _local.gate = previous
         gate.close()
 
 
-# Two scheduled threads of one process leave the interpreter's GIL switch interval alone. PyTorch's op
-# bindings release the GIL around every op, so a service thread that wakes up for a request takes it at
-# the batch thread's next op, not after the switch interval. 018befe shortened the interval to 0.5 ms for
-# two clients; in five paired runs on an H100 and an H200 of ResNet-18 b4 next to a launch-bound ResNet-50
-# b16 (scripts/probes/threads_b16.py, results/diagnostics/threads_b16_probe_*.txt), the batch thread ran
-# 11 % slower with it on average (4 pairs of 5), and the service's median was slower too (3.4 against 3.0 ms).
+_clients_lock = threading.Lock()
+_clients = {"n": 0, "switch_interval": None}
+# With two scheduled threads in one process, a high-priority thread that wakes up for a request needs
+# the GIL while a batch thread is launching. PyTorch's op bindings release it around every op, but a
+# thread that releases and retakes it at once usually wins the race against a waiter that has to be
+# woken, so the waiter gets it once the switch interval (5 ms by default) forces a hand-over. Measured
+# both ways (scripts/probes/threads_b16.py; results/diagnostics/threads_b16_probe_*.txt and
+# bench_two_models_threads_switch_ab_h200_68b3ae5.json): short probes favoured the default interval for
+# a ResNet-50 b16 batch thread (+11 % in 4 of 5 pairs, 12 s runs), a full run did not (0.67 of alone
+# against 0.69 with 0.5 ms), and there the transformer service's P99 went from 0.93x to 1.56x of alone.
+THREADS_SWITCH_INTERVAL_S = 0.5e-3
+
+
+def _thread_clients(delta):
+    with _clients_lock:
+        _clients["n"] += delta
+        if _clients["n"] >= 2 and _clients["switch_interval"] is None:
+            _clients["switch_interval"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_clients["switch_interval"], THREADS_SWITCH_INTERVAL_S))
+        elif _clients["n"] < 2 and _clients["switch_interval"] is not None:
+            sys.setswitchinterval(_clients["switch_interval"])
+            _clients["switch_interval"] = None
 
 
 def scheduled(priority=0, **kwargs):
