@@ -26,6 +26,8 @@ variants = [
     ("native-switch0.5ms", ["--switch-interval-ms", "0.5"]),
     ("lp-only-native", ["--no-hp"]), ("lp-only-xsched", ["--no-hp", "--scheduled"]),
     ("xsched-strict", ["--scheduled", "--latency-slack", "0"]),
+    # the service thread launches nothing: each request only holds the batch thread for 3 ms
+    ("hold3ms-only", ["--scheduled", "--latency-slack", "0", "--hp-hold-ms", "3"]),
 ]
 
 

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import run_batches  # noqa: E402
 from models import build  # noqa: E402
 from serve import serve, warm  # noqa: E402
+from benchlib import open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
 def spec(text):
@@ -37,6 +38,9 @@ def main():
     p.add_argument("--no-lp", action="store_true")
     p.add_argument("--switch-interval-ms", type=float,
                    help="diagnostics: the interpreter's GIL switch interval for the whole run")
+    p.add_argument("--hp-hold-ms", type=float,
+                   help="diagnostics, with --scheduled: the service thread launches nothing; each of its requests "
+                        "holds the batch thread back for this long (a sleep between begin and end of a request)")
     args = p.parse_args()
     import torch
     xt = None
@@ -58,16 +62,23 @@ def main():
             ready.wait()                       # the main thread has read the start time
             while time.monotonic() < go["at"]:
                 time.sleep(0.0005)
-            results.update(fn(model, x, go["at"]))
+            results.update(fn(model, x, go["at"], gate))
             if xt:
                 results[f"{kind}_gate"] = gate.stats()
 
     threads = []
     if not args.no_hp:
-        threads.append(threading.Thread(target=role, args=("hp", 10, lambda m, x, t: {
-            "hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t)})))
+        def hold_only(gate):
+            gate.begin_request()
+            try:
+                time.sleep(args.hp_hold_ms / 1e3)
+            finally:
+                gate.end_request()
+        threads.append(threading.Thread(target=role, args=("hp", 10, lambda m, x, t, gate: {
+            "hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t) if args.hp_hold_ms is None
+            else open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)})))
     if not args.no_lp:
-        threads.append(threading.Thread(target=role, args=("lp", 0, lambda m, x, t: {
+        threads.append(threading.Thread(target=role, args=("lp", 0, lambda m, x, t, gate: {
             "lp_iters_per_s": run_batches(m, x, args.seconds, args.warmup_s, t)})))
     for t in threads:
         t.start()
