@@ -85,6 +85,31 @@ def test_thousand_rounds_lose_nothing(sim):
         cl.close()
 
 
+def test_queue_snapshot_takes_one_call_and_still_finds_every_new_queue(sim):
+    """A daemon refreshes the snapshot after every resume: one GET_QUEUE_SNAPSHOT while few queues
+    appeared, and when more appeared than it had room for, every one of them still listed and
+    suspendable (EC_QUEUE_NEW cleared on all)."""
+    from kfdtool.cwsr.debugtrap import SNAPSHOT_SPARE
+    cl = Client(sim)
+    try:
+        first = [cl.rt.create_queue(cl.gpus[0]) for _ in range(2)]
+        with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
+            calls = []
+            dbg_trap = cl.kfd.dbg_trap
+            cl.kfd.dbg_trap = lambda op, *a, **k: calls.append(op) or dbg_trap(op, *a, **k)
+            assert sorted(e.queue_id for e in mech.queues()) == sorted(first)
+            assert calls == ["GET_QUEUE_SNAPSHOT"]
+            later = [cl.rt.create_queue(cl.gpus[0]) for _ in range(SNAPSHOT_SPARE + 5)]
+            calls.clear()
+            assert sorted(e.queue_id for e in mech.queues()) == sorted(first + later)
+            assert calls == ["GET_QUEUE_SNAPSHOT"] * 2          # no room for them all the first time
+            outcomes = mech.suspend(first + later).outcomes
+            assert [o.outcome for o in outcomes] == ["suspended"] * len(first + later)
+            mech.resume()
+    finally:
+        cl.close()
+
+
 def test_kill_9_of_the_preempting_tool_resumes(sim, victim):
     tool = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", MACHINE, "preempt", "--pid", str(victim)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -25,6 +25,7 @@ MAX_GRACE = 0xFF           # CP_IQ_WAIT_TIME2.SCH_WAVE is 8 bits wide
 DEVICE_ENTRIES = 64        # MAX_GPU_INSTANCE: no process has more devices
 FIRST_MES_GFX = 110000     # gfx11+: queues are scheduled by MES firmware, not HWS runlists
 MES_IGNORES_GRACE = "the MES scheduler (gfx11+) ignores the grace period"
+SNAPSHOT_SPARE = 8         # GET_QUEUE_SNAPSHOT: room for this many queues created since the last one
 
 
 def check_grace_period(grace_period):
@@ -76,20 +77,22 @@ class DebugTrapSuspend(Mechanism):
 
     # --- queues ---------------------------------------------------------------------------------
     def queues(self, clear_new=True):
-        """The target's queues (newest first). Clearing EC_QUEUE_NEW makes new queues suspendable."""
+        """The target's queues (newest first). Clearing EC_QUEUE_NEW makes new queues suspendable.
+        One ioctl where the target has at most SNAPSHOT_SPARE queues more than last time: the kernel
+        writes at most num_queues entries, clears the mask only on those, and answers the total
+        (pqm_get_queue_snapshot), so a bigger total means asking again with room for all. A daemon
+        refreshes this after every resume; a count-only call first would double that."""
         mask = NEW_MASK if clear_new else 0
-        _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=0,
-                                    snapshot_buf_ptr=0, num_queues=0, entry_size=ENTRY)
-        count = args.queue_snapshot.num_queues
+        count = len(self._entries) + SNAPSHOT_SPARE
         while True:
-            buf = (s.kfd_queue_snapshot_entry * max(1, count))()
+            buf = (s.kfd_queue_snapshot_entry * count)()
             _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=mask,
                                         snapshot_buf_ptr=ctypes.addressof(buf), num_queues=count, entry_size=ENTRY)
-            if args.queue_snapshot.num_queues <= count:      # no queue appeared in between
+            if args.queue_snapshot.num_queues <= count:      # every queue fitted
                 entries = list(buf[:args.queue_snapshot.num_queues])
                 self._entries = {e.queue_id: e for e in entries}
                 return entries
-            count = args.queue_snapshot.num_queues
+            count = args.queue_snapshot.num_queues + SNAPSHOT_SPARE
 
     def known_queues(self):
         """Queue ids of the last snapshot (empty before the first): suspending these needs no new
