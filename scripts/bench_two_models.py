@@ -168,7 +168,8 @@ def table(paths):
              "|---|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
-    order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched", "xsched-strict",
+    order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
+             "xsched-strict",
              "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
@@ -195,8 +196,8 @@ def main():
     p.add_argument("--overhead-reps", type=int, default=2, help="A/B pairs of lp-alone / lp-alone-xsched")
     p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
     p.add_argument("--baseline", metavar="CHECKOUT",
-                   help="another release's tree: its `xsched-lv3 run` also runs the LP alone (A/B/C) and "
-                        "the pair (xsched-baseline, xsched-threads-baseline)")
+                   help="another release's tree: its scheduler also runs the pair (xsched-baseline, "
+                        "xsched-threads-baseline) and, in processes mode, the LP alone (A/B/C)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)

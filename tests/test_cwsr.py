@@ -103,7 +103,9 @@ def test_queue_snapshot_takes_one_call_and_still_finds_every_new_queue(sim):
             calls.clear()
             assert sorted(e.queue_id for e in mech.queues()) == sorted(first + later)
             assert calls == ["GET_QUEUE_SNAPSHOT"] * 2          # no room for them all the first time
+            calls.clear()
             outcomes = mech.suspend(first + later).outcomes
+            assert calls == ["SUSPEND_QUEUES"]                  # none came back still new: no repair snapshot
             assert [o.outcome for o in outcomes] == ["suspended"] * len(first + later)
             mech.resume()
     finally:

@@ -144,8 +144,9 @@ _clients = {"n": 0, "switch_interval": None}
 # woken, so the waiter gets it once the switch interval (5 ms by default) forces a hand-over. Measured
 # both ways (scripts/probes/threads_b16.py; results/diagnostics/threads_b16_probe_*.txt and
 # bench_two_models_threads_switch_ab_h200_68b3ae5.json): short probes favoured the default interval for
-# a ResNet-50 b16 batch thread (+11 % in 4 of 5 pairs, 12 s runs), a full run did not (0.67 of alone
-# against 0.69 with 0.5 ms), and there the transformer service's P99 went from 0.93x to 1.56x of alone.
+# a ResNet-50 b16 batch thread (ahead in 4 of 5 pairs, by 12-31 %; 12 s runs, noise ~20 %), a full run
+# did not (0.67 of alone against 0.69 with 0.5 ms), and there the transformer service's P99 went from
+# 0.93x to 1.56x of alone.
 THREADS_SWITCH_INTERVAL_S = 0.5e-3
 
 

@@ -48,16 +48,21 @@ for rep in range(args.reps):
 
 spy = shutil.which("py-spy")
 spies = []
-if args.profile_dir and spy:
-    for name, extra in [(n, e) for n, e in variants if n in args.spy]:
+try:
+    for name, extra in [(n, e) for n, e in variants if n in args.spy and args.profile_dir and spy]:
         def record(pids, name=name):
-            # wall time (idle included) and GIL holders, at once: the difference is waiting for the GIL
+            # all samples (idle included) and those holding the GIL, at once. What is in the first and not
+            # the second ran without the GIL: inside an op (they release it) or waiting to take it back
             for mode, flags in (("wall", ["--idle"]), ("gil", ["--gil"])):
                 spies.append(subprocess.Popen(
                     [spy, "record", "--pid", str(pids[0]), "--threads", *flags, "--format", "raw", "--rate", "250",
-                     "--duration", str(int(float(args.seconds))), "--nonblocking",
+                     "--duration", str(int(float(args.seconds)) + 2), "--nonblocking",     # it stops when the run ends
                      "-o", str(Path(args.profile_dir, f"pyspy_{name}_{mode}.txt"))],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         show(name + "+py-spy", b.run_together([base + extra], 200, when_ready=record)[0])
-for spied in spies:
-    print("py-spy:", spied.communicate(timeout=60)[1].decode()[-300:].strip())
+    for spied in spies:
+        spied.wait(timeout=60)
+finally:
+    for spied in spies:
+        if spied.poll() is None:
+            spied.kill()

@@ -37,17 +37,22 @@ def main():
     p.add_argument("--no-hp", action="store_true")
     p.add_argument("--no-lp", action="store_true")
     p.add_argument("--switch-interval-ms", type=float,
-                   help="diagnostics: the interpreter's GIL switch interval for the whole run")
+                   help="diagnostics: the interpreter's GIL switch interval for the whole run (with --scheduled, "
+                        "also the one xt.client sets for two clients)")
     p.add_argument("--hp-hold-ms", type=float,
                    help="diagnostics, with --scheduled: the service thread launches nothing; each of its requests "
                         "holds the batch thread back for this long (a sleep between begin and end of a request)")
     args = p.parse_args()
+    if args.hp_hold_ms is not None and (not args.scheduled or args.no_hp or not args.hp_hold_ms > 0):
+        p.error("--hp-hold-ms wants --scheduled, a service thread (no --no-hp) and a time > 0")
     import torch
     xt = None
     if args.scheduled:
         import xsched_lv3.pytorch as xt
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
+        if xt:
+            xt.THREADS_SWITCH_INTERVAL_S = args.switch_interval_ms / 1e3     # what two clients would set
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
     def role(kind, priority, fn):
