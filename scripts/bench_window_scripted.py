@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import provenance, write_results  # noqa: E402
+from benchlib import provenance, write_results  # noqa: E402  (next to this script)
 
 WINDOW_US = 500.0
 

@@ -300,6 +300,7 @@ class ProgressiveWindow:
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
             self._reweigh(lambda segment: segment.est_us or segment.n * self.cmd_us)
+            self._epoch += 1                     # (what was queued to them then is not known)
 
     def _check_estimate(self, oldest, completed_at):
         """A sync point just waited for completed at `completed_at`: everything queued ahead of it
@@ -309,13 +310,16 @@ class ProgressiveWindow:
         (and what is still pending with it). Learning only from two waits back to back can miss this
         for good: a client that synchronizes every iteration and whose GPU time per command grew (a
         phase of heavier kernels) waits rarely, and never twice in a row."""
-        if not self.calibrated or oldest.queued_us <= 0 or oldest.epoch != self._epoch:
+        if not self.calibrated or oldest.epoch != self._epoch or oldest.queued_us < oldest.est_us:
             return
         took_us = (completed_at - oldest.recorded_at) * 1e6
         if took_us > UNDERESTIMATE * oldest.queued_us:
             ratio = took_us / oldest.queued_us
             self.cmd_us *= ratio
             self._reweigh(lambda segment: segment.est_us * ratio)
+            # what the others still pending were said to have queued was said by the old estimate: not
+            # compared again (the ratio would compound)
+            self._epoch += 1
 
     def _reweigh(self, weigh):
         """Re-estimate what is pending: weigh(segment) -> est_us. In place: retire() may be walking it."""
