@@ -24,6 +24,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 from benchlib import provenance, write_results  # noqa: E402  (next to this script)
 
 WINDOW_US = 500.0
+KINDS = ("launch-bound", "balanced", "gpu-bound")
+
+
+def phase_kind(gpu_us, cpu_us):
+    """launch-bound: less GPU than CPU time a command; gpu-bound: at least twice as much."""
+    return KINDS[0] if gpu_us < cpu_us else KINDS[1] if gpu_us < 2 * cpu_us else KINDS[2]
 
 
 def client(seed):
@@ -43,6 +49,7 @@ def run_client(window_module, seed):
     w = window_module.ProgressiveWindow(WINDOW_US)
     jitter = random.Random(seed)
     leaves = syncs = over = counted = in_phase = 0
+    by_kind = {kind: [0, 0] for kind in KINDS}        # sync points, iterations
 
     def done(at):
         return clock[0] >= at
@@ -51,7 +58,7 @@ def run_client(window_module, seed):
         clock[0] = max(clock[0], at)
     for i, gpu_us in enumerate(phases):
         in_phase = in_phase + 1 if i and phases[i - 1] == gpu_us else 0
-        most = 0.0
+        most, syncs_before = 0.0, syncs
         for _ in range(n):
             clock[0] += cpu_us * 1e-6
             gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + gpu_us * jitter.uniform(0.5, 1.5) * 1e-6
@@ -64,10 +71,14 @@ def run_client(window_module, seed):
             elif leaves == w.look_after:
                 w.look_back(done)
         clock[0] = max(clock[0], gpu_free_at[0])          # the client's own synchronize
+        kind = by_kind[phase_kind(gpu_us, cpu_us)]
+        kind[0] += syncs - syncs_before
+        kind[1] += 1
         if in_phase >= 2:
             counted += 1
             over += most > 1.5 * WINDOW_US + 3 * gpu_us
-    return {"seed": seed, "sync_points_per_iteration": syncs / len(phases), "over": over, "counted": counted}
+    return {"seed": seed, "sync_points_per_iteration": syncs / len(phases), "over": over, "counted": counted,
+            "by_kind": by_kind}
 
 
 def measure(checkout, clients):
@@ -80,17 +91,23 @@ def measure(checkout, clients):
 
 
 def summary(rows):
+    def per_iteration(kind):
+        iterations = sum(r["by_kind"][kind][1] for r in rows)
+        return sum(r["by_kind"][kind][0] for r in rows) / max(1, iterations)
     return {"clients": len(rows),
             "sync_points_per_iteration_mean": sum(r["sync_points_per_iteration"] for r in rows) / len(rows),
-            "iterations_over": sum(r["over"] for r in rows), "iterations_counted": sum(r["counted"] for r in rows),
-            "clients_with_any_over": sum(1 for r in rows if r["over"])}
+            "iterations_over": sum(r["over"] for r in rows),
+            "iterations_counted": sum(r["counted"] for r in rows),
+            "clients_with_any_over": sum(1 for r in rows if r["over"]),
+            "sync_points_per_iteration_by_phase": {kind: per_iteration(kind) for kind in KINDS}}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--clients", type=int, default=400)
-    p.add_argument("--baseline", metavar="CHECKOUT", help="also measure another tree's window (a git archive of it)")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="also measure another tree's window (a git archive of it)")
     p.add_argument("--out", help="results file (JSON)")
     args = p.parse_args()
     if args.clients < 1:
@@ -101,9 +118,10 @@ def main():
     for name, tree in trees:
         s = summary(measure(tree, args.clients))
         doc["variants"][name] = {"checkout": str(tree), **s}
+        by_phase = ", ".join(f"{k} {v:.2f}" for k, v in s["sync_points_per_iteration_by_phase"].items())
         print(f"{name}: {s['iterations_over']} of {s['iterations_counted']} iterations over the bound, "
               f"{s['clients_with_any_over']} of {s['clients']} clients with any; "
-              f"{s['sync_points_per_iteration_mean']:.1f} sync points an iteration", flush=True)
+              f"{s['sync_points_per_iteration_mean']:.1f} sync points an iteration ({by_phase})", flush=True)
     if args.out:
         write_results(args.out, doc)
 
