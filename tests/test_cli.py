@@ -108,6 +108,15 @@ def test_bad_input_gives_one_line(sim, args, needle):
     one_line_error(run_cli(*args), needle)
 
 
+def test_not_a_kfd_process_names_the_sysfs_it_looked_in(tmp_path):
+    """--sysfs-root or a simulated machine: the message names that tree, not this host's /sys."""
+    (tmp_path / "class" / "kfd" / "kfd" / "proc").mkdir(parents=True)
+    (tmp_path / "class" / "kfd" / "kfd" / "topology" / "nodes").mkdir(parents=True)
+    for args in (["queues", "-p", "999999"], ["preempt", "--pid", "999999"]):
+        one_line_error(run_cli("--sysfs-root", str(tmp_path), *args),
+                       f"pid 999999 is not a KFD process (no {tmp_path}/class/kfd/kfd/proc/999999)")
+
+
 def test_unreadable_topology_file(tmp_path):
     kfd = tmp_path / "class" / "kfd" / "kfd"
     kfd.mkdir(parents=True)

@@ -18,12 +18,16 @@ class Context:
             return cls(SysfsRoot(machine.sysfs_root), machine, machine.kernel_release)
         return cls(SysfsRoot(args.sysfs_root), None, None)
 
-    def require_kfd_process(self, pid, why="is not a KFD process (no /sys/class/kfd/kfd/proc entry)"):
+    def require_kfd_process(self, pid, why=None):
         """"No KFD here" before "not a KFD process": a command aimed at one process checks both first."""
         from ..errors import NoSuchProcess
         self.sysfs.require_kfd()
         if not (self.sysfs.proc / str(pid)).is_dir():
-            raise NoSuchProcess(pid, why)
+            raise NoSuchProcess(pid, why or self.not_kfd_process(pid))
+
+    def not_kfd_process(self, pid):
+        """Why `pid` is not a KFD process, naming the sysfs looked in (a simulated machine's, or --sysfs-root)."""
+        return f"is not a KFD process (no {self.sysfs.proc / str(pid)})"
 
     def open_device(self):
         from ..device import KfdDevice

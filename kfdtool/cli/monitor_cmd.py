@@ -117,4 +117,6 @@ def run(args, ctx):
                 limit = max(out.height - HEADER_LINES, 1)      # follows a resized window
             live.update(_grid(scan, rows, args.sort, limit, notes), refresh=True)
             shown += 1
+    if not out.is_terminal:
+        out.line()           # rich ends a live view without a newline where it is not a terminal
     return 0

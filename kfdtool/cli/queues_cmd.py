@@ -42,7 +42,7 @@ def run(args, ctx):
     if args.pid:
         missing = sorted(set(args.pid) - {p.pid for p in scan.processes})
         if missing and args.interval is None:
-            raise NoSuchProcess(missing[0], "is not a KFD process (no /sys/class/kfd/kfd/proc entry)")
+            raise NoSuchProcess(missing[0], ctx.not_kfd_process(missing[0]))
     if args.interval is None:
         _emit(args, scan, None, None)
         return 0
