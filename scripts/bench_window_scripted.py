@@ -47,7 +47,7 @@ def run_client(window_module, seed):
     clock, gpu_free_at = [0.0], [0.0]
     window_module.time = SimpleNamespace(monotonic=lambda: clock[0])
     w = window_module.ProgressiveWindow(WINDOW_US)
-    jitter = random.Random(seed)
+    jitter = random.Random(seed + 1_000_003)          # not the stream that chose the client
     leaves = syncs = over = counted = in_phase = 0
     by_kind = {kind: [0, 0] for kind in KINDS}        # sync points, iterations
 
@@ -83,10 +83,14 @@ def run_client(window_module, seed):
 
 def measure(checkout, clients):
     """Runs in a child with `checkout` first on the path, so a baseline's window is measured as it was."""
-    code = (f"import json, sys; sys.path[:0] = [{str(checkout)!r}, {str(REPO / 'scripts')!r}]\n"
+    code = (f"import json, pathlib, sys; sys.path[:0] = [{str(checkout)!r}, {str(REPO / 'scripts')!r}]\n"
             "import bench_window_scripted as b\nfrom xsched_lv3 import window\n"
+            f"if pathlib.Path(window.__file__).resolve().parents[1] != pathlib.Path({str(checkout)!r}).resolve():\n"
+            "    sys.exit(f'{window.__file__} is not the window of the checkout asked for')\n"
             f"print(json.dumps([b.run_client(window, s) for s in range({clients})]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"bench_window_scripted: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout)
 
 

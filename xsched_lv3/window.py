@@ -16,20 +16,11 @@ GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-b
 a segment that ends at a synchronize is always complete by the next sync point, so that alone cannot
 tell a launch-bound client from one whose GPU falls behind a little with every command.
 
-Two things can hide a GPU that is far behind. A stall between two sync points longer than the window
-(`stalled`: the interval took more than the window beyond launching at the client's fastest rate) may
-be the client's own synchronize draining a backlog before anything was looked at: it never counts as
-keeping up, and halves the spacing. And a learned time that became too low (a phase of heavier
-kernels) is raised at the next wait whose sync point took more than UNDERESTIMATE times what the
-estimate said was queued to it (`_check_estimate`), not only from two waits in a row, which a client
-that synchronizes every iteration may never have.
-
 One loop for every client (`sync_point`): the XQueue's launch worker and the inline gate (PyTorch
 eager) count their commands and call it; the XQueue may also know each command's GPU time.
 """
 import time
 from collections import deque
-from typing import NamedTuple
 
 # The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
 # held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
@@ -49,10 +40,6 @@ MAX_COMMANDS_PER_SYNC = 128
 # launch-bound ResNet-50 b16 LP that learned ~30 us a command while another process's kernels slowed
 # its own (an exposed request of a service) placed 3x as many sync points for the rest of its run.
 FORGET_AFTER_KEPT_UP = 8
-# A sync point waited for that took this many times longer to complete than the learned time said was
-# queued ahead of it: the learned time is too low, and is raised by the ratio (`_check_estimate`).
-UNDERESTIMATE = 2.0
-LAUNCH_RATE_HISTORY = 4    # sync intervals whose fastest gives the client's CPU time per command
 
 
 # While every higher-priority client on the device runs its requests beside ours (its protection
@@ -63,16 +50,6 @@ LAUNCH_RATE_HISTORY = 4    # sync intervals whose fastest gives the client's CPU
 # H100, a ViT-B/16 b32 LP at 500 us placed a sync point after nearly every leaf and waited at half of
 # them (0.87 of alone while held under 1 s of 26 s; README, "xsched-lv3 run on an NVIDIA GPU").
 EXPOSED_WINDOW_SCALE = 4
-
-
-class Segment(NamedTuple):
-    """Commands launched between two sync points, and the sync point that ends them."""
-    handle: object                 # the sync point (the recorder's)
-    est_us: float                  # their GPU time by the estimate (0 while nothing is learned)
-    n: int                         # how many
-    recorded_at: float             # when the sync point was recorded
-    queued_us: float               # the estimated GPU time queued up to it then, its own included
-    epoch: int                     # the window's pause count then: an interval across a pause says nothing
 
 
 class ProgressiveWindow:
@@ -86,7 +63,7 @@ class ProgressiveWindow:
         # until one sync point has completed, the estimate is a guess: bound by count instead
         self.calibration_commands = calibration_commands
         self.calibrated = False
-        self.pending = deque()                   # Segments not yet seen complete, oldest first
+        self.pending = deque()                   # (handle, est_us, n_commands)
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
@@ -94,12 +71,8 @@ class ProgressiveWindow:
         self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
         self.per_sync = self.commands_per_sync()  # commands to launch before the next sync point
         self._recorded_at = None                 # when the latest sync point was recorded (None: paused)
-        # CPU time per command between sync points: the least of the latest few (launching at its fastest;
-        # whatever else the client did between two sync points, its own synchronize included, only adds)
-        self._cpu_us = None
-        self._cpu_seen = deque(maxlen=LAUNCH_RATE_HISTORY)
+        self._cpu_us = None                      # CPU time per command between sync points, latest measured
         self._looked = None                      # this segment's look-back: True (caught up), False (behind)
-        self._epoch = 0                          # pauses so far
         self.look_after = 0                      # commands after the latest sync point to look back (0: no)
 
     def resize(self, window_us):
@@ -126,33 +99,22 @@ class ProgressiveWindow:
         # read once: another thread of the client may pause() the window meanwhile (the gate does so
         # without the window's lock)
         recorded_at = self._recorded_at
-        stalled = False
         if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
-            per_command_us = (time.monotonic() - recorded_at) * 1e6 / n
-            self._cpu_seen.append(per_command_us)
-            self._cpu_us = min(self._cpu_seen)
-            stalled = (per_command_us - self._cpu_us) * n > self.window_us
+            self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
         self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
-        # half a window after the latest one the GPU had caught up with it, where that was looked at.
-        # Not after a stall longer than the window between the two sync points: if it was the client's
-        # own synchronize, the GPU had that much queued, and it drained everything before any look
+        # half a window after the latest one the GPU had caught up with it, where that was looked at
         retired = self.retire(is_done)
-        if self.pending:                         # what is still queued up to the new sync point, by the estimate
-            self.pending[-1] = self.pending[-1]._replace(queued_us=self.pending_us)
-        kept_up = len(self.pending) <= 1 and (retired > 0 if self._looked is None else self._looked) and not stalled
+        kept_up = len(self.pending) <= 1 and (retired > 0 if self._looked is None else self._looked)
         self._looked = None
         waited = self.over()
         if waited:                               # the GPU is behind by more than the window
-            oldest = self.pending[0]
-            wait(oldest.handle)
+            wait(self.pending[0][0])
             waited_at = time.monotonic()
             if changed is not None and changed():
                 self.paused()
-            else:
-                self._check_estimate(oldest, waited_at)
             self.retire(is_done, waited_at=waited_at)
-        self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited or stalled)
+        self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited)
         self._recorded_at = time.monotonic()
         self.look_after = self._look_after()
         return waited
@@ -219,9 +181,8 @@ class ProgressiveWindow:
         self._recorded(handle)
 
     def _recorded(self, handle):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n))
         self.pending_us += self.since_sync_us
-        self.pending.append(Segment(handle, self.since_sync_us, self.since_sync_n, time.monotonic(), self.pending_us,
-                                    self._epoch))
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
     def commands_per_sync(self, current=None, kept_up=False, behind=False):
@@ -273,12 +234,12 @@ class ProgressiveWindow:
         Returns how many it dropped."""
         pending = self.pending
         first, retired = True, 0
-        while pending and is_done(pending[0].handle):
-            segment = pending.popleft()
-            self.pending_us = max(0.0, self.pending_us - segment.est_us)
+        while pending and is_done(pending[0][0]):
+            handle, est, n = pending.popleft()
+            self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
-                if self._chain_at is not None and segment.n:
-                    self._learn((waited_at - self._chain_at) * 1e6 / segment.n)
+                if self._chain_at is not None and n:
+                    self._learn((waited_at - self._chain_at) * 1e6 / n)
                 self._chain_at = waited_at if pending else None     # the next segment is queued behind
             else:
                 self._chain_at = None
@@ -292,46 +253,20 @@ class ProgressiveWindow:
         self._chain_at = None
         self._recorded_at = None                 # nor is it CPU time per command
         self.look_after = 0
-        self._epoch += 1                         # nor how long a pending sync point takes to complete
 
     def _learn(self, measured_us):
         first = not self.calibrated
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            self._reweigh(lambda segment: segment.est_us or segment.n * self.cmd_us)
-            self._epoch += 1                     # (what was queued to them then is not known)
-
-    def _check_estimate(self, oldest, completed_at):
-        """A sync point just waited for completed at `completed_at`: everything queued ahead of it
-        when it was recorded took that long (the GPU was behind, so it ran it back to back). Where
-        that is more than UNDERESTIMATE times what the learned time said, the learned time is too
-        low, and the window holds that many times more than it thinks: raise it at once by the ratio
-        (and what is still pending with it). Learning only from two waits back to back can miss this
-        for good: a client that synchronizes every iteration and whose GPU time per command grew (a
-        phase of heavier kernels) waits rarely, and never twice in a row."""
-        if not self.calibrated or oldest.epoch != self._epoch or oldest.queued_us < oldest.est_us:
-            return
-        took_us = (completed_at - oldest.recorded_at) * 1e6
-        if took_us > UNDERESTIMATE * oldest.queued_us:
-            ratio = took_us / oldest.queued_us
-            self.cmd_us *= ratio
-            self._reweigh(lambda segment: segment.est_us * ratio)
-            # what the others still pending were said to have queued was said by the old estimate: not
-            # compared again (the ratio would compound)
-            self._epoch += 1
-
-    def _reweigh(self, weigh):
-        """Re-estimate what is pending: weigh(segment) -> est_us. In place: retire() may be walking it."""
-        weighed = [segment._replace(est_us=weigh(segment)) for segment in self.pending]
-        self.pending.clear()
-        self.pending.extend(weighed)
-        self.pending_us = sum(segment.est_us for segment in self.pending)
+            weighed = [(h, est or n * self.cmd_us, n) for h, est, n in self.pending]
+            self.pending.clear()                 # in place: retire() is walking this deque
+            self.pending.extend(weighed)
+            self.pending_us = sum(p[1] for p in self.pending)
 
     def clear(self):
         self._chain_at = None
         self._recorded_at, self.look_after, self._looked = None, 0, None
-        self._cpu_seen.clear()
         self.pending.clear()
         self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0
