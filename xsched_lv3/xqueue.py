@@ -97,15 +97,17 @@ class XQueue:
         with self._cv:
             if not self._suspended:
                 return
+            # time across the suspension is neither our CPU nor our GPU time. Before the queue runs
+            # again: a worker waiting on a sync point would otherwise learn the whole suspension as GPU
+            # time if its wait returned first. Not under the window's lock: the worker may hold it
+            # waiting on a sync point that only this resume lets complete
+            self.window.paused()
             if self._interrupted:
                 self.hwq.restore()
                 self._interrupted = False
             elif self.level == Level.DEACTIVATE:
                 self.hwq.reactivate()
             self._suspended = False
-            # time across the suspension is neither our CPU nor our GPU time. Not under the window's
-            # lock: the worker may hold it waiting on a sync point that only this resume lets complete
-            self.window.paused()
             self._cv.notify_all()
 
     def drain(self):
