@@ -48,6 +48,8 @@ PY = sys.executable
 
 
 def commands(variant, pair, seconds, window_us=None):
+    if variant.endswith("-baseline"):            # the same programs under another tree's scheduler, defaults
+        return commands(variant.removesuffix("-baseline"), pair, seconds)
     (hp_model, hp_batch), (lp_model, lp_batch) = PAIRS[pair]
     hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)]
     lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)]
@@ -57,14 +59,11 @@ def commands(variant, pair, seconds, window_us=None):
         "hp-alone": [hp],
         "lp-alone": [lp],
         "lp-alone-xsched": [xsched_run(lp, window_us=window_us)],
-        "lp-alone-xsched-baseline": [xsched_run(lp)],
         "native": [hp, lp],
         "xsched": [xsched_run(hp, priority=10), xsched_run(lp, window_us=window_us)],
-        "xsched-baseline": [xsched_run(hp, priority=10), xsched_run(lp)],
         "xsched-strict": [xsched_run(hp, priority=10, latency_slack=0), xsched_run(lp, window_us=window_us)],
         "native-threads": [threads],
         "xsched-threads": [threads + ["--scheduled"]],
-        "xsched-threads-baseline": [threads + ["--scheduled"]],
         "xsched-threads-strict": [threads + ["--scheduled", "--latency-slack", "0"]],
     }[variant]
 

@@ -26,7 +26,7 @@ def probe(ctx, target_pid=None, open_device=True):
     report = {"schema": "kfdtool.probe/1", "target_pid": target_pid, "gpus": gpus, "mechanisms": [], "notes": []}
     not_kfd = None
     if target_pid is not None and not (ctx.sysfs.proc / str(target_pid)).is_dir():
-        not_kfd = f"pid {target_pid} is not a KFD process (no {ctx.sysfs.proc / str(target_pid)})"
+        not_kfd = f"pid {target_pid} {ctx.not_kfd_process(target_pid)}"
         report["notes"].append(not_kfd)
     kfd, abi_minor = None, None
     if open_device:
