@@ -13,6 +13,9 @@ runtime, no scheduler imports) run kernels on one simulated GPU: a latency-criti
                        suspends the batch jobs' KFD queues (DBG_TRAP, CWSR) while the service is busy
   lv3-attached         the service under `xsched-lv3 run`, the batch jobs started plainly and then
                        `xsched-lv3 attach --pid P` (no scheduler inside them): should match lv3
+  lv1-w<US>            with --lv1-windows US...: lv1 with the batch jobs' `--window-us US`, Lv1's
+                       one knob (a longer window: more batch throughput, a longer HP wait), to set
+                       Lv1's tail and throughput as it moves beside Lv3's
 
 What is simulated (kfdtool/sim): kernels' GPU time and how kernels of several queues share a GPU
 (wave slots: a kernel waits for running waves to retire; ESTIMATE: round-robin dispatch), DBG_TRAP
@@ -23,6 +26,7 @@ CPU costs are real: every launch is a round trip to the simulator's server (~0.1
 programs here are launch-heavy Python, and the host's CPU count matters.
 
     python scripts/bench_sim_e2e.py --machines mi308x mi300x --lps 1 3 --seconds 26
+    python scripts/bench_sim_e2e.py --machines mi308x --lps 1 --lv1-windows 1500 3000
     python scripts/bench_sim_e2e.py --table results/bench_sim_e2e_*.json     # the README table
 Results: results/bench_sim_e2e_r<rep>.json (git revision, dirty flag, command, CPU count).
 """
@@ -47,6 +51,7 @@ JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
 SERVE = ["--kernels", "20", "--kernel-us", "100", "--occupancy", "0.25", "--rate", "20"]
 BATCH = ["--kernels", "20", "--occupancy", "1.0"]     # kernel length: --lp-kernel-us (Lv1 waits for it)
 VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3", "lv3-attached")
+LV1_WINDOW = "lv1-w"              # lv1-w<US>: Lv1 with the batch jobs' window at US (--lv1-windows)
 
 
 def commands(variant, machine, lps, seconds, lp_kernel_us):
@@ -61,6 +66,8 @@ def commands(variant, machine, lps, seconds, lp_kernel_us):
         return [hp] + [lp] * lps
     if variant == "lv3-attached":
         return [xsched_run(hp, priority=10)] + [lp] * lps
+    if variant.startswith(LV1_WINDOW):
+        return [xsched_run(hp, priority=10)] + [xsched_run(lp, window_us=float(variant[len(LV1_WINDOW):]))] * lps
     return [xsched_run(hp, priority=10)] + [xsched_run(lp)] * lps
 
 
@@ -165,7 +172,7 @@ def ratios(doc):
             key = f"{machine}/{lps}/{rows['lp-alone'].get('lp_kernel_us', 1000.0):g}"
             out[key] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
                                            "lp_share": rows[v]["lp_iters_per_s"] / lp}
-                                       for v in ("native", "lv1", "lv3", "lv3-attached") if v in rows}
+                                       for v in rows if v not in ("hp-alone", "lp-alone")}
             out[key]["hp_alone_p99_ms"] = hp
     return out
 
@@ -212,10 +219,14 @@ def main():
     p.add_argument("--seconds", type=float, default=26.0, help="per variant (26 s at 20 req/s: 501 requests)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                    help="which variants to run (hp-alone and lp-alone are the baselines of the ratios)")
+    p.add_argument("--lv1-windows", nargs="+", type=float, default=[], metavar="US",
+                   help="also Lv1 with the batch jobs' window at each US (xsched-lv3 run --window-us): "
+                        "Lv1's tail and throughput as its one knob moves, to set beside Lv3's")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out")
     p.add_argument("--table", nargs="+", metavar="RESULTS")
     args = p.parse_args()
+    args.variants += [f"{LV1_WINDOW}{us:g}" for us in args.lv1_windows]
     if args.table:
         print(table(args.table))
         return

@@ -128,7 +128,7 @@ def test_malformed_message_closes_only_its_connection_with_a_reason(server, name
     (length,) = LEN.unpack_from(reply)
     error = json.loads(reply[LEN.size + 1:LEN.size + length])["error"]
     assert error.startswith("protocol error: ")
-    assert f"closed connection fd" in srv.log() and error in srv.log()
+    assert "closed connection fd" in srv.log() and error in srv.log()
     args = s.kfd_ioctl_get_version_args()
     assert bystander.ioctl(GET_VERSION, args) == 0 and args.major_version == 1
     assert srv.get_version()[0] == 1 and srv.proc.poll() is None
@@ -627,3 +627,35 @@ def test_materialize_keeps_a_current_tree_and_rebuilds_a_changed_or_stale_one(tm
     monkeypatch.setattr(machine, "code_version", lambda: "another kfdtool")  # kfdtool changed: rebuilt
     machine.materialize("mi210", root, machine.PROFILES["1.23"])
     assert props.stat().st_ino != inode and tree_contents(root) == fresh
+
+
+def test_a_call_returns_no_sooner_than_the_moment_its_reply_names(tmp_path):
+    """The server answers a call with a modelled cost at once, naming when the call returns (the
+    time it sleeps in the kernel); the caller's side sleeps until then, whatever the reply's own
+    delay."""
+    import threading
+    from kfdtool.sim.protocol import json_frame
+    path = tmp_path / "kfd.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    returns_at = []
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            recv_frame(conn)                               # "O": this process opens /dev/kfd
+            conn.sendall(json_frame({"ok": True}))
+            recv_frame(conn)                               # the ioctl
+            returns_at.append(time.monotonic_ns() + 50_000_000)
+            conn.sendall(frame(b"R" + REPLY.pack(0, 0, 0, 0, returns_at[0])))
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    kfd = SimBackend(path)
+    try:
+        kfd.ioctl(GET_VERSION, s.kfd_ioctl_get_version_args())
+        assert time.monotonic_ns() >= returns_at[0]
+    finally:
+        kfd.close()
+        listener.close()
+    server.join(5)

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import threading
+import time
 
 import ioctl_opt
 
@@ -108,6 +109,17 @@ def _writable_extent(addr, limit=WAVE_STATE_WINDOW):
     return min(end - addr, limit)
 
 
+def _sleep_until(deadline_ns, spin_ns=200_000):
+    """Return at CLOCK_MONOTONIC `deadline_ns` (0: now). The last `spin_ns` are spun: a sleep
+    overshoots by tens to hundreds of µs on a busy host, as much as the modelled costs themselves."""
+    while True:
+        left = deadline_ns - time.monotonic_ns()
+        if left <= 0:
+            return
+        if left > spin_ns:
+            time.sleep((left - spin_ns) / 1e9)
+
+
 def _get(obj, path):
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -183,7 +195,7 @@ class SimBackend:
             reply, fds = recv_frame(self.sock, with_fds=True)
         except OSError as e:
             raise SimulatorError(f"simulated KFD server went away: {e}") from None
-        ret, out_len, n_regions, n_fds = REPLY.unpack_from(reply, 1)
+        ret, out_len, n_regions, n_fds, returns_at = REPLY.unpack_from(reply, 1)
         offset = 1 + REPLY.size
         out = reply[offset:offset + out_len]
         ctypes.memmove(ctypes.addressof(arg), out, min(len(out), ctypes.sizeof(arg)))
@@ -193,6 +205,7 @@ class SimBackend:
                 ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
         if fds and entry is not None and entry.name == "SMI_EVENTS":
             arg.anon_fd = fds[0]
+        _sleep_until(returns_at)              # the modelled time the call sleeps in the kernel
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))
         return ret

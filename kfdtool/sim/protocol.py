@@ -7,7 +7,9 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
           b"D" doorbell: a JSON object {"op": "dispatch" | "query" | "wait", "qid": ...}, on the
                caller's own queues (what user space does without an ioctl: write AQL packets and
                ring the doorbell, read or wait on a completion signal)
-  server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32> out, regions (+ SCM_RIGHTS)
+  server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32, returns at u64> out, regions
+               (+ SCM_RIGHTS); "returns at": CLOCK_MONOTONIC ns before which the call must not return
+               to its caller (the modelled time it sleeps in the kernel), 0 for none
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
 Who the caller is travels outside the payload: the server takes the sender's pid and uid from the
@@ -22,7 +24,7 @@ import struct
 
 LEN = struct.Struct("<I")
 IOCTL = struct.Struct("<III")
-REPLY = struct.Struct("<qIII")
+REPLY = struct.Struct("<qIIIQ")
 REGION = struct.Struct("<QI")
 
 # The largest payload either side accepts. A real ioctl argument is at most 16 KiB (the 14-bit

@@ -126,13 +126,11 @@ class Connection:
 @dataclass(eq=False)
 class Sleeper:
     """A call that sleeps in the simulated kernel until `blocked.ready()`; then `respond()` finishes
-    it and replies. The wake timer fires at `done_at` (monotonic ns: a modelled ioctl cost) or when
-    the simulated GPU may have completed `waits_for` (queue, count); a Blocked ioctl has neither and
-    is looked at after every request."""
+    it and replies. The wake timer fires when the simulated GPU may have completed `waits_for`
+    (queue, count); a Blocked ioctl has none and is looked at after every request."""
     conn: Connection
     blocked: Blocked
     respond: Callable[[], None]
-    done_at: int | None = None
     waits_for: tuple | None = None
 
 
@@ -411,29 +409,28 @@ class SimServer(ConnectionLoop):
                      f"{traceback.format_exc().rstrip()}")
             ret, out = -errno.EIO, b""
         cost = self.kfd.timing.settle(block=False)
+        returns_at = 0
         if self.kfd.timing.realtime and cost.total_s > 0:
             # The caller sleeps in the kernel for the modelled time (the DQM lock serialises such
             # calls: one starts when the previous ends); the server does not, so other processes'
-            # doorbells go on meanwhile, as user-mode queues do on the real device.
-            now = time.monotonic_ns()
-            done_at = max(now, self.dqm_free_ns) + int(cost.total_s * 1e9)
-            self.dqm_free_ns = done_at
-            regions = mem.copied_to_user
-            self._sleep(conn, Blocked(lambda: time.monotonic_ns() >= done_at, None),
-                        lambda: self._reply(conn, ret, out, regions), done_at=done_at)
-            return
-        self._reply(conn, ret, out, mem.copied_to_user)
+            # doorbells go on meanwhile, as user-mode queues do on the real device. The reply goes
+            # now and says when the call returns: the caller's side sleeps until then (no wake
+            # timer of ours adds its lateness to the modelled time).
+            returns_at = max(time.monotonic_ns(), self.dqm_free_ns) + int(cost.total_s * 1e9)
+            self.dqm_free_ns = returns_at
+        self._reply(conn, ret, out, mem.copied_to_user, returns_at)
 
-    def _reply(self, conn, ret, out, regions):
+    def _reply(self, conn, ret, out, regions, returns_at=0):
         fds = self.kfd.smi.pending_fds
         self.kfd.smi.pending_fds = []
-        msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds)) + out + pack_regions(regions.items()))
+        msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds), returns_at) + out
+                    + pack_regions(regions.items()))
         self._send(conn, msg, fds)
 
-    def _sleep(self, conn, blocked, respond, done_at=None, waits_for=None):
+    def _sleep(self, conn, blocked, respond, waits_for=None):
         """`conn`'s call sleeps until `blocked.ready()`; then `respond()` answers it."""
         conn.sleeping = True
-        self.blocked.append(Sleeper(conn, blocked, respond, done_at, waits_for))
+        self.blocked.append(Sleeper(conn, blocked, respond, waits_for))
 
     def _finish_ioctl(self, conn, blocked, out):
         try:
@@ -458,11 +455,8 @@ class SimServer(ConnectionLoop):
 
     def _arm_wake(self):
         """The timerfd fires at the earliest moment a sleeping call may be answered."""
-        now = time.monotonic_ns()
-        moments = [b.done_at for b in self.blocked if b.done_at is not None]
-        moments.append(self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for], now))
-        moments = [m for m in moments if m is not None]
-        self.wake.arm(min(moments) if moments else None)
+        self.wake.arm(self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for],
+                                             time.monotonic_ns()))
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
     def _doorbell(self, conn, sender, msg):

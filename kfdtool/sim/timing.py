@@ -5,8 +5,9 @@ suspend latency = HWS unmap+map of the whole device + grace period (waves allowe
                   + CWSR save (resident wave state bytes / memory bandwidth)
 resume latency  = HWS map + CWSR restore (the same bytes / bandwidth)
 
-The server really waits that long before replying (the DQM lock is device-wide, so other
-clients wait too), which lets schedulers built on the simulator feel realistic latencies. Work
+The caller really sleeps that long in its call (the reply names the moment it returns; the DQM
+lock is device-wide, so other callers' costed calls wait for it too), which lets schedulers built
+on the simulator feel realistic latencies. Work
 running on an HWS device (execution.py) stalls for that long too, with or without the wait.
 """
 import time
@@ -111,8 +112,8 @@ class TimingModel:
     def settle(self, block=True):
         """Pay the accumulated cost of the request just handled (called by the server). Queues of
         every process on a remapped HWS device make no progress meanwhile. `block=False`: do not
-        sleep here; the server delays only the caller's reply by the returned cost (an ioctl sleeps
-        in its caller's thread, while other processes' doorbells, which need no kernel, go on)."""
+        sleep here; only the caller's call lasts the returned cost longer (an ioctl sleeps in its
+        caller's thread, while other processes' doorbells, which need no kernel, go on)."""
         cost, self.pending = self.pending, PreemptCost()
         devices, self.pending_devices = self.pending_devices, set()
         self.last = cost
