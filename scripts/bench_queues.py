@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import provenance  # noqa: E402  (next to this script)
+from benchlib import memory_scratch, provenance  # noqa: E402  (next to this script)
 GPUS = 8
 QUEUES_PER_PROC = 8
 STARTUP_IMPORTS = "import kfdtool.cli, kfdtool.cli.queues_cmd, kfdtool.sim.runner, json"
@@ -179,8 +179,7 @@ def main():
         return
     created = None
     if "KFDTOOL_SIM_DIR" not in os.environ:
-        in_memory = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        created = os.environ["KFDTOOL_SIM_DIR"] = tempfile.mkdtemp(prefix="kfdtool-bench-", dir=in_memory)
+        created = os.environ["KFDTOOL_SIM_DIR"] = memory_scratch("kfdtool-bench-")
     sys.path.insert(0, str(REPO))
     from kfdtool.sim import runner
 

@@ -34,16 +34,17 @@ import argparse
 import json
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import PY, latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
+from benchlib import (PY, latency_summary, memory_scratch, provenance, run_together, write_results,  # noqa: E402
+                      xsched_run)
 
 JOB = str(REPO / "scripts" / "workloads" / "sim_job.py")
 # A ResNet-18-like request (20 kernels of 100 µs, each a quarter of the GPU) and a training-like
@@ -116,7 +117,7 @@ class Daemon:
 
 def measure(args, doc):
     from kfdtool.sim import runner
-    scratch = tempfile.mkdtemp(prefix="xsched-sim-e2e-")
+    scratch = memory_scratch("xsched-sim-e2e-")
     env = dict(os.environ, KFDTOOL_SIM_DIR=f"{scratch}/sims", XSCHED_LV3_BOARD=f"{scratch}/board",
                XSCHED_LV3_SOCKET=f"{scratch}/daemon.sock", KFDTOOL_RUN_DIR=f"{scratch}/run")
     os.environ.update(env)                     # run_together's children inherit it
@@ -144,6 +145,7 @@ def measure(args, doc):
                                       if k != "daemon_log_tail" and not k.endswith("_gate")}), flush=True)
         finally:
             runner.stop(machine)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def summarize(outputs):
