@@ -185,8 +185,12 @@ def table(paths):
     runs = [json.loads(Path(p).read_text()) for p in paths]
     keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
                                                                         int(k.split("/")[1])))
-    lines = ["| machine | LP kernel | processes | HP P99 alone | native: HP P99 / LP | Lv1: HP P99 / LP "
-             "| Lv3: HP P99 / LP |", "|---|---|---|---|---|---|---|"]
+    windows = sorted({v for r in runs for ratios in r["ratios"].values() for v in ratios if v.startswith(LV1_WINDOW)},
+                     key=lambda v: float(v[len(LV1_WINDOW):]))
+    variants = ["native", "lv1", "lv3"] + windows
+    titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {float(v[len(LV1_WINDOW):]) / 1000:g} ms" for v in windows]
+    lines = ["| machine | LP kernel | processes | HP P99 alone | " + " | ".join(f"{t}: HP P99 / LP" for t in titles) + " |",
+             "|---|---|---|---|" + "---|" * len(titles)]
 
     def cell(values, fmt, unit=""):
         if not values:
@@ -200,7 +204,10 @@ def table(paths):
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
         row = [machine, f"{float(kernel_us) / 1000:g} ms", f"1 HP + {lps} LP",
                cell([p["hp_alone_p99_ms"] for p in per], "{:.1f}", " ms")]
-        for v in ("native", "lv1", "lv3"):
+        for v in variants:
+            if not any(v in p for p in per):
+                row.append("-")
+                continue
             row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f}", " ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
