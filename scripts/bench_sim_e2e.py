@@ -68,7 +68,8 @@ def commands(variant, machine, lps, seconds, lp_kernel_us):
     if variant == "lv3-attached":
         return [xsched_run(hp, priority=10)] + [lp] * lps
     if variant.startswith(LV1_WINDOW):
-        return [xsched_run(hp, priority=10)] + [xsched_run(lp, window_us=float(variant[len(LV1_WINDOW):]))] * lps
+        window_us = float(variant[len(LV1_WINDOW):])
+        return [xsched_run(hp, priority=10)] + [xsched_run(lp, window_us=window_us)] * lps
     return [xsched_run(hp, priority=10)] + [xsched_run(lp)] * lps
 
 
@@ -121,31 +122,37 @@ def measure(args, doc):
     env = dict(os.environ, KFDTOOL_SIM_DIR=f"{scratch}/sims", XSCHED_LV3_BOARD=f"{scratch}/board",
                XSCHED_LV3_SOCKET=f"{scratch}/daemon.sock", KFDTOOL_RUN_DIR=f"{scratch}/run")
     os.environ.update(env)                     # run_together's children inherit it
-    for machine in args.machines:
-        runner.start(machine)
-        try:
-            for lps in args.lps:
-                for variant in args.variants:
-                    daemon = Daemon(machine, env) if variant.startswith("lv3") else None
-                    t = time.monotonic()
-                    try:
-                        outputs = run_together(commands(variant, machine, lps, args.seconds, args.lp_kernel_us),
-                                               args.seconds + 120,
-                                               when_ready=attach_batch_jobs if variant == "lv3-attached" else None)
-                    finally:
-                        log = daemon.stop() if daemon else ""
-                    row = {"machine": machine, "lps": lps, "lp_kernel_us": args.lp_kernel_us, "variant": variant,
-                           "wall_s": round(time.monotonic() - t, 1)}
-                    row.update(summarize(outputs))
-                    if daemon:
-                        row["daemon_log_tail"] = log[-1500:]
-                        row["daemon_cpu_s"] = daemon.cpu_used_s
-                    doc["rows"].append(row)
-                    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
-                                      if k != "daemon_log_tail" and not k.endswith("_gate")}), flush=True)
-        finally:
-            runner.stop(machine)
-    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        for machine in args.machines:
+            runner.start(machine)
+            try:
+                for lps in args.lps:
+                    for variant in args.variants:
+                        row = run_variant(args, machine, lps, variant, env)
+                        doc["rows"].append(row)
+                        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
+                                          if k != "daemon_log_tail" and not k.endswith("_gate")}), flush=True)
+            finally:
+                runner.stop(machine)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)   # in memory: never left behind
+
+
+def run_variant(args, machine, lps, variant, env):
+    daemon = Daemon(machine, env) if variant.startswith("lv3") else None
+    t = time.monotonic()
+    try:
+        outputs = run_together(commands(variant, machine, lps, args.seconds, args.lp_kernel_us),
+                               args.seconds + 120,
+                               when_ready=attach_batch_jobs if variant == "lv3-attached" else None)
+    finally:
+        log = daemon.stop() if daemon else ""
+    row = {"machine": machine, "lps": lps, "lp_kernel_us": args.lp_kernel_us, "variant": variant,
+           "wall_s": round(time.monotonic() - t, 1), **summarize(outputs)}
+    if daemon:
+        row["daemon_log_tail"] = log[-1500:]
+        row["daemon_cpu_s"] = daemon.cpu_used_s
+    return row
 
 
 def summarize(outputs):
@@ -185,11 +192,14 @@ def table(paths):
     runs = [json.loads(Path(p).read_text()) for p in paths]
     keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
                                                                         int(k.split("/")[1])))
-    windows = sorted({v for r in runs for ratios in r["ratios"].values() for v in ratios if v.startswith(LV1_WINDOW)},
-                     key=lambda v: float(v[len(LV1_WINDOW):]))
+    def window_us(variant):
+        return float(variant[len(LV1_WINDOW):])
+    windows = sorted({v for r in runs for key in r["ratios"].values() for v in key if v.startswith(LV1_WINDOW)},
+                     key=window_us)
     variants = ["native", "lv1", "lv3"] + windows
-    titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {float(v[len(LV1_WINDOW):]) / 1000:g} ms" for v in windows]
-    lines = ["| machine | LP kernel | processes | HP P99 alone | " + " | ".join(f"{t}: HP P99 / LP" for t in titles) + " |",
+    titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {window_us(v) / 1000:g} ms" for v in windows]
+    lines = ["| machine | LP kernel | processes | HP P99 alone | "
+             + " | ".join(f"{t}: HP P99 / LP" for t in titles) + " |",
              "|---|---|---|---|" + "---|" * len(titles)]
 
     def cell(values, fmt, unit=""):

@@ -1,6 +1,7 @@
 """What the benchmark scripts share: open-loop request arrivals, latency summaries, provenance, and\nrunning programs together from a common start (as users run them, through `xsched-lv3 run`)."""
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,3 +168,4 @@ def run_together(commands, timeout_s, checkout=REPO, when_ready=None):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        shutil.rmtree(reports, ignore_errors=True)

@@ -264,6 +264,47 @@ def test_an_hws_remap_stalls_the_other_queues_of_that_device_only(sim, hip):
     assert abs(stalled_us - stalled_s * 1e6) < 0.05 * stalled_s * 1e6
 
 
+def test_a_costed_call_sleeps_its_modelled_time_and_such_calls_take_turns(tmp_path, monkeypatch):
+    """Realtime: a caller sleeps in its ioctl for the modelled cost (the reply says when the call
+    returns), and costed calls take turns on the device-wide DQM lock. Without CWSR a suspend drains
+    the queue's resident waves (ESTIMATE 1 ms, timing.py), so four suspends issued at once end no
+    sooner than four such costs after they began."""
+    from kfdtool.sim import runner
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
+    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
+    hip = SimHip(MACHINE)
+    client = Client(sim)
+    try:
+        streams = [hip.stream(device=0) for _ in range(5)]
+        for stream in streams:
+            hip.launch(stream, work_us=20e6, waves=8)           # resident throughout the test
+        client.enable_debug()
+        client.snapshot()                                       # clears EC_QUEUE_NEW: suspendable
+        t0 = time.monotonic()
+        assert client.suspend([streams[0].queue_id])[0] == 1
+        took, cost = time.monotonic() - t0, last_ioctl_cost_s(client)
+        assert cost >= 1e-3 and took >= cost
+
+        spans = []
+
+        def suspend(stream):
+            began = time.monotonic()
+            client.suspend([stream.queue_id])
+            spans.append((began, time.monotonic()))
+        threads = [threading.Thread(target=suspend, args=(s,)) for s in streams[1:]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(spans) == 4
+        assert max(end for _, end in spans) - min(began for began, _ in spans) >= 4 * 1e-3
+    finally:
+        client.resume([s.queue_id for s in streams])
+        client.close()
+        hip.close()
+        runner.stop(MACHINE)
+
+
 def test_wait_on_a_destroyed_queue_errors_instead_of_hanging(hip):
     s = hip.stream(device=17)
     hip.launch(s, work_us=5e6, waves=8)

@@ -18,7 +18,7 @@ from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.requests import BY_NAME
 from kfdtool.sim.client import SimBackend
 from kfdtool.sim.control import SimControl
-from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, REGION, REPLY, frame, recv_frame
+from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, PROTOCOL, REGION, REPLY, frame, recv_frame
 from kfdtool.ratelog import RateLimitedLog
 
 GET_VERSION = BY_NAME["GET_VERSION"].request()
@@ -629,33 +629,74 @@ def test_materialize_keeps_a_current_tree_and_rebuilds_a_changed_or_stale_one(tm
     assert props.stat().st_ino != inode and tree_contents(root) == fresh
 
 
-def test_a_call_returns_no_sooner_than_the_moment_its_reply_names(tmp_path):
-    """The server answers a call with a modelled cost at once, naming when the call returns (the
-    time it sleeps in the kernel); the caller's side sleeps until then, whatever the reply's own
-    delay."""
+def _one_call_server(tmp_path, open_reply, reply_to_ioctl):
+    """A fake simulated KFD for one client: answers "O" with `open_reply` and one ioctl with
+    `reply_to_ioctl()` (a frame). Returns the socket path."""
     import threading
     from kfdtool.sim.protocol import json_frame
     path = tmp_path / "kfd.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(1)
-    returns_at = []
 
     def serve():
-        conn, _ = listener.accept()
-        with conn:
-            recv_frame(conn)                               # "O": this process opens /dev/kfd
-            conn.sendall(json_frame({"ok": True}))
-            recv_frame(conn)                               # the ioctl
-            returns_at.append(time.monotonic_ns() + 50_000_000)
-            conn.sendall(frame(b"R" + REPLY.pack(0, 0, 0, 0, returns_at[0])))
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    kfd = SimBackend(path)
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                recv_frame(conn)                           # "O": this process opens /dev/kfd
+                conn.sendall(json_frame(open_reply))
+                try:
+                    recv_frame(conn)                       # the ioctl, unless the client gave up
+                except ConnectionError:
+                    return
+                conn.sendall(reply_to_ioctl())
+    threading.Thread(target=serve, daemon=True).start()
+    return path
+
+
+def test_a_call_returns_no_sooner_than_the_moment_its_reply_names(tmp_path):
+    """The server answers a call with a modelled cost at once, naming when the call returns (the
+    time it sleeps in the kernel); the caller's side sleeps until then, whatever the reply's own
+    delay."""
+    returns_at = []
+
+    def reply():
+        returns_at.append(time.monotonic_ns() + 50_000_000)
+        return frame(b"R" + REPLY.pack(0, 0, 0, 0, returns_at[0]))
+    kfd = SimBackend(_one_call_server(tmp_path, {"ok": True, "protocol": PROTOCOL}, reply))
     try:
         kfd.ioctl(GET_VERSION, s.kfd_ioctl_get_version_args())
         assert time.monotonic_ns() >= returns_at[0]
     finally:
         kfd.close()
-        listener.close()
-    server.join(5)
+
+
+def test_a_reply_naming_a_return_hours_away_is_an_error_not_a_hang(tmp_path):
+    hours = time.monotonic_ns() + 3600 * 10**9
+    kfd = SimBackend(_one_call_server(tmp_path, {"ok": True, "protocol": PROTOCOL},
+                                      lambda: frame(b"R" + REPLY.pack(0, 0, 0, 0, hours))))
+    try:
+        with pytest.raises(SimulatorError, match="a simulator bug"):
+            kfd.ioctl(GET_VERSION, s.kfd_ioctl_get_version_args())
+    finally:
+        kfd.close()
+
+
+def test_a_simulator_of_another_protocol_is_refused_with_one_line(tmp_path):
+    """An older server (no protocol in its answer to "O") would have its replies misread."""
+    with pytest.raises(SimulatorError, match="speaks protocol 1, this kfdtool"):
+        SimBackend(_one_call_server(tmp_path, {"ok": True, "pid": 1}, lambda: b""))
+
+
+def test_starting_a_machine_that_an_older_simulator_runs_says_to_stop_it(tmp_path, monkeypatch):
+    from kfdtool.sim import runner
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))
+    sim = runner.start("mi210", realtime=False)
+    try:
+        info = sim.info
+        del info["protocol"]                               # what a server before protocol 2 wrote
+        (sim.dir / "machine.json").write_text(json.dumps(info))
+        with pytest.raises(SimulatorError, match=r"older simulator \(protocol 1.*kfdtool sim stop mi210"):
+            runner.start("mi210", realtime=False)
+    finally:
+        runner.stop("mi210")

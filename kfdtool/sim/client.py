@@ -19,7 +19,7 @@ from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
 from .control import Channel, SimControl
-from .protocol import IOCTL, REPLY, frame, pack_regions, recv_frame, unpack_regions
+from .protocol import IOCTL, PROTOCOL, REPLY, frame, pack_regions, recv_frame, unpack_regions
 
 OPS = c.kfd_dbg_trap_operations
 EVENT_DATA = ctypes.sizeof(s.kfd_event_data)
@@ -46,6 +46,9 @@ POINTERS = {
     ("GET_QUEUE_WAVE_STATE", None): [("ctl_stack_address", lambda a: _writable_extent(a.ctl_stack_address))],
 }
 WAVE_STATE_WINDOW = 1 << 20
+# The longest a reply may say a call sleeps in the simulated kernel: modelled costs are µs to ms
+# (a drain without CWSR, ESTIMATE 1 ms, is the longest), queued behind at most every other caller.
+MAX_CALL_NS = 10 * 10**9
 
 
 _self_mem = None
@@ -155,7 +158,11 @@ class SimBackend:
         if channel is None or self._local.pid != pid:      # a new thread, or a forked child
             channel = Channel(self.socket_path)
             if pid == self.opener_pid:
-                channel.call_json(b"O")
+                spoken = channel.call_json(b"O").get("protocol")
+                if spoken != PROTOCOL:
+                    channel.close()
+                    raise SimulatorError(f"the simulated KFD at {self.socket_path} speaks protocol {spoken or 1}, "
+                                         f"this kfdtool {PROTOCOL}: restart it (`kfdtool sim stop NAME`)")
             self._local.channel, self._local.pid = channel, pid
             self._channels.append(channel)
         return channel
@@ -205,6 +212,9 @@ class SimBackend:
                 ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
         if fds and entry is not None and entry.name == "SMI_EVENTS":
             arg.anon_fd = fds[0]
+        if returns_at - time.monotonic_ns() > MAX_CALL_NS:
+            raise SimulatorError(f"simulated KFD server said the call returns in "
+                                 f"{(returns_at - time.monotonic_ns()) / 1e9:.3g} s; a simulator bug")
         _sleep_until(returns_at)              # the modelled time the call sleeps in the kernel
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))

@@ -22,6 +22,11 @@ import json
 import socket
 import struct
 
+# Raised whenever a message's layout changes. A server writes it into its machine.json and its
+# answer to "O"; a client of another version stops with one line instead of misreading replies.
+# 2: the ioctl reply carries "returns at".
+PROTOCOL = 2
+
 LEN = struct.Struct("<I")
 IOCTL = struct.Struct("<III")
 REPLY = struct.Struct("<qIIIQ")

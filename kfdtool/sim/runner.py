@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import SimulatorError
 from .control import SimControl
+from .protocol import PROTOCOL
 from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
 
 START_TIMEOUT_S = 30
@@ -230,6 +231,9 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     sim = machine(name)
     _known(find_profile, abi)
     if sim.is_running():
+        if sim.info.get("protocol", 1) != PROTOCOL:
+            raise SimulatorError(f"simulated {name} runs an older simulator (protocol {sim.info.get('protocol', 1)}, "
+                                 f"this kfdtool {PROTOCOL}); stop it first (`kfdtool sim stop {name}`)")
         running_abi = sim.info.get("abi")
         if running_abi != abi:
             raise SimulatorError(f"simulated {name} already runs with KFD ABI {running_abi}; "

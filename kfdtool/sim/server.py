@@ -45,7 +45,7 @@ from .execution import Execution, WakeTimer
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
-from .protocol import (LEN, MAX_FRAME_BYTES, REPLY, ProtocolError, frame, json_frame, pack_regions,
+from .protocol import (LEN, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame, json_frame, pack_regions,
                        parse_control, parse_ioctl, parse_json_object)
 from .state import SimQueue
 from .timing import max_waves
@@ -145,7 +145,7 @@ class SimServer(ConnectionLoop):
         self.params = {**DEFAULT_PARAMETERS, **(parameters or {})}
         materialize(preset, self.sysfs_root, self.profile, self.params)
         (self.dir / "machine.json").write_text(json.dumps(
-            {"preset": preset, "abi": abi, "release": self.profile.release, "pid": os.getpid()}))
+            {"preset": preset, "abi": abi, "release": self.profile.release, "pid": os.getpid(), "protocol": PROTOCOL}))
         self.kfd = SimKfd(self.sysfs_root, self.profile, self.params)
         self.kfd.patched_preempt = patched_preempt
         self.kfd.timing.realtime = realtime
@@ -303,7 +303,8 @@ class SimServer(ConnectionLoop):
         kind, body = payload[:1], payload[1:]
         if kind == b"O":
             refusal = self._open(conn, *sender)
-            self._send(conn, json_frame({"error": refusal} if refusal else {"ok": True, "pid": conn.opener}))
+            self._send(conn, json_frame({"error": refusal} if refusal
+                                        else {"ok": True, "pid": conn.opener, "protocol": PROTOCOL}))
         elif kind == b"I":
             self._ioctl(conn, sender, *parse_ioctl(body))
         elif kind == b"C":

@@ -59,7 +59,7 @@ class TimingModel:
     def __init__(self, kfd, realtime=True):
         self.kfd = kfd
         self.realtime = realtime
-        self.pending = PreemptCost()      # cost of the request being handled, paid before replying
+        self.pending = PreemptCost()      # cost of the request being handled, slept by its caller
         self.pending_devices = set()      # devices whose queues were unmapped by this request
         self.last = PreemptCost()
         self.on_stall = None              # (gpu_id, seconds, now_ns): the execution model's stall
