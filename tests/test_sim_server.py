@@ -688,7 +688,7 @@ def test_a_simulator_of_another_protocol_is_refused_with_one_line(tmp_path):
         SimBackend(_one_call_server(tmp_path, {"ok": True, "pid": 1}, lambda: b""))
 
 
-def test_starting_a_machine_that_an_older_simulator_runs_says_to_stop_it(tmp_path, monkeypatch):
+def test_starting_a_machine_that_another_simulator_version_runs_says_to_stop_it(tmp_path, monkeypatch):
     from kfdtool.sim import runner
     monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))
     sim = runner.start("mi210", realtime=False)
@@ -696,7 +696,7 @@ def test_starting_a_machine_that_an_older_simulator_runs_says_to_stop_it(tmp_pat
         info = sim.info
         del info["protocol"]                               # what a server before protocol 2 wrote
         (sim.dir / "machine.json").write_text(json.dumps(info))
-        with pytest.raises(SimulatorError, match=r"older simulator \(protocol 1.*kfdtool sim stop mi210"):
+        with pytest.raises(SimulatorError, match=r"another version \(protocol 1, this kfdtool 2\).*kfdtool sim stop mi210"):
             runner.start("mi210", realtime=False)
     finally:
         runner.stop("mi210")

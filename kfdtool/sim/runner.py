@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..errors import SimulatorError
 from .control import SimControl
-from .protocol import PROTOCOL
 from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
+from .protocol import PROTOCOL
 
 START_TIMEOUT_S = 30
 
@@ -231,8 +231,9 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     sim = machine(name)
     _known(find_profile, abi)
     if sim.is_running():
-        if sim.info.get("protocol", 1) != PROTOCOL:
-            raise SimulatorError(f"simulated {name} runs an older simulator (protocol {sim.info.get('protocol', 1)}, "
+        running = sim.info.get("protocol", 1)       # before 2: not written
+        if running != PROTOCOL:
+            raise SimulatorError(f"simulated {name} runs a simulator of another version (protocol {running}, "
                                  f"this kfdtool {PROTOCOL}); stop it first (`kfdtool sim stop {name}`)")
         running_abi = sim.info.get("abi")
         if running_abi != abi:
