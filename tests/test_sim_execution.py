@@ -274,24 +274,29 @@ def test_a_costed_call_sleeps_its_modelled_time_and_such_calls_take_turns(tmp_pa
     sim = runner.start(MACHINE, params={"cwsr_enable": 0})
     hip = SimHip(MACHINE)
     client = Client(sim)
+    streams = []
     try:
-        streams = [hip.stream(device=0) for _ in range(5)]
+        streams += [hip.stream(device=0) for _ in range(4)]
         for stream in streams:
             hip.launch(stream, work_us=20e6, waves=8)           # resident throughout the test
+        assert len({s.queue_id for s in streams}) == 4          # HIP's pool: four queues, one each
+        hip.flush()                                             # the server has dispatched them all
+        assert all(client.queues()[s.queue_id]["resident_waves"] == 8 for s in streams)
         client.enable_debug()
         client.snapshot()                                       # clears EC_QUEUE_NEW: suspendable
         t0 = time.monotonic()
         assert client.suspend([streams[0].queue_id])[0] == 1
         took, cost = time.monotonic() - t0, last_ioctl_cost_s(client)
         assert cost >= 1e-3 and took >= cost
+        client.resume([streams[0].queue_id])
 
         spans = []
 
         def suspend(stream):
             began = time.monotonic()
-            client.suspend([stream.queue_id])
+            assert client.suspend([stream.queue_id])[0] == 1
             spans.append((began, time.monotonic()))
-        threads = [threading.Thread(target=suspend, args=(s,)) for s in streams[1:]]
+        threads = [threading.Thread(target=suspend, args=(s,)) for s in streams]
         for t in threads:
             t.start()
         for t in threads:
@@ -299,7 +304,7 @@ def test_a_costed_call_sleeps_its_modelled_time_and_such_calls_take_turns(tmp_pa
         assert len(spans) == 4
         assert max(end for _, end in spans) - min(began for began, _ in spans) >= 4 * 1e-3
     finally:
-        client.resume([s.queue_id for s in streams])
+        client.resume([s.queue_id for s in streams if s.queue_id is not None])
         client.close()
         hip.close()
         runner.stop(MACHINE)
