@@ -13,9 +13,9 @@ runtime, no scheduler imports) run kernels on one simulated GPU: a latency-criti
                        suspends the batch jobs' KFD queues (DBG_TRAP, CWSR) while the service is busy
   lv3-attached         the service under `xsched-lv3 run`, the batch jobs started plainly and then
                        `xsched-lv3 attach --pid P` (no scheduler inside them): should match lv3
-  lv1-w<US>            with --lv1-windows US...: lv1 with the batch jobs' `--window-us US`, Lv1's
-                       one knob (a longer window: more batch throughput, a longer HP wait), to set
-                       Lv1's tail and throughput as it moves beside Lv3's
+  lv1-w<US>            with --lv1-windows US...: lv1 with the batch jobs' `--window-us US` (a
+                       longer window: more batch throughput, a longer HP wait), to set Lv1's tail
+                       and throughput as the window moves beside Lv3's
 
 What is simulated (kfdtool/sim): kernels' GPU time and how kernels of several queues share a GPU
 (wave slots: a kernel waits for running waves to retire; ESTIMATE: round-robin dispatch), DBG_TRAP
@@ -55,6 +55,11 @@ VARIANTS = ("hp-alone", "lp-alone", "native", "lv1", "lv3", "lv3-attached")
 LV1_WINDOW = "lv1-w"              # lv1-w<US>: Lv1 with the batch jobs' window at US (--lv1-windows)
 
 
+def lv1_window_us(variant):
+    """The batch jobs' window of an lv1-w<US> variant, µs."""
+    return float(variant[len(LV1_WINDOW):])
+
+
 def commands(variant, machine, lps, seconds, lp_kernel_us):
     common = ["--sim", machine, "--seconds", str(seconds)]
     hp = [PY, JOB, *common, "serve", *SERVE]
@@ -68,8 +73,7 @@ def commands(variant, machine, lps, seconds, lp_kernel_us):
     if variant == "lv3-attached":
         return [xsched_run(hp, priority=10)] + [lp] * lps
     if variant.startswith(LV1_WINDOW):
-        window_us = float(variant[len(LV1_WINDOW):])
-        return [xsched_run(hp, priority=10)] + [xsched_run(lp, window_us=window_us)] * lps
+        return [xsched_run(hp, priority=10)] + [xsched_run(lp, window_us=lv1_window_us(variant))] * lps
     return [xsched_run(hp, priority=10)] + [xsched_run(lp)] * lps
 
 
@@ -192,12 +196,10 @@ def table(paths):
     runs = [json.loads(Path(p).read_text()) for p in paths]
     keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
                                                                         int(k.split("/")[1])))
-    def window_us(variant):
-        return float(variant[len(LV1_WINDOW):])
     windows = sorted({v for r in runs for key in r["ratios"].values() for v in key if v.startswith(LV1_WINDOW)},
-                     key=window_us)
+                     key=lv1_window_us)
     variants = ["native", "lv1", "lv3"] + windows
-    titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {window_us(v) / 1000:g} ms" for v in windows]
+    titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {lv1_window_us(v) / 1000:g} ms" for v in windows]
     lines = ["| machine | LP kernel | processes | HP P99 alone | "
              + " | ".join(f"{t}: HP P99 / LP" for t in titles) + " |",
              "|---|---|---|---|" + "---|" * len(titles)]
@@ -240,7 +242,7 @@ def main():
                    help="which variants to run (hp-alone and lp-alone are the baselines of the ratios)")
     p.add_argument("--lv1-windows", nargs="+", type=float, default=[], metavar="US",
                    help="also Lv1 with the batch jobs' window at each US (xsched-lv3 run --window-us): "
-                        "Lv1's tail and throughput as its one knob moves, to set beside Lv3's")
+                        "Lv1's tail and throughput as the window moves, to set beside Lv3's")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out")
     p.add_argument("--table", nargs="+", metavar="RESULTS")

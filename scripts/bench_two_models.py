@@ -168,8 +168,7 @@ def table(paths):
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32"}
     order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
-             "xsched-strict",
-             "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
+             "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))

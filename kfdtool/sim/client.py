@@ -113,14 +113,16 @@ def _writable_extent(addr, limit=WAVE_STATE_WINDOW):
 
 
 def _sleep_until(deadline_ns, spin_ns=200_000):
-    """Return at CLOCK_MONOTONIC `deadline_ns` (0: now). The last `spin_ns` are spun: a sleep
-    overshoots by tens to hundreds of µs on a busy host, as much as the modelled costs themselves."""
-    while True:
-        left = deadline_ns - time.monotonic_ns()
-        if left <= 0:
-            return
+    """Return at CLOCK_MONOTONIC `deadline_ns`. The last `spin_ns` are spun: a sleep overshoots by
+    tens to hundreds of µs on a busy host, as much as the modelled costs themselves. A deadline
+    more than MAX_CALL_NS away is a simulator bug, raised instead of slept."""
+    left = deadline_ns - time.monotonic_ns()
+    if left > MAX_CALL_NS:
+        raise SimulatorError(f"simulated KFD server said the call returns in {left / 1e9:.3g} s; a simulator bug")
+    while left > 0:
         if left > spin_ns:
             time.sleep((left - spin_ns) / 1e9)
+        left = deadline_ns - time.monotonic_ns()
 
 
 def _get(obj, path):
@@ -212,10 +214,8 @@ class SimBackend:
                 ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
         if fds and entry is not None and entry.name == "SMI_EVENTS":
             arg.anon_fd = fds[0]
-        if returns_at - time.monotonic_ns() > MAX_CALL_NS:
-            raise SimulatorError(f"simulated KFD server said the call returns in "
-                                 f"{(returns_at - time.monotonic_ns()) / 1e9:.3g} s; a simulator bug")
-        _sleep_until(returns_at)              # the modelled time the call sleeps in the kernel
+        if returns_at:                        # the modelled time the call sleeps in the kernel
+            _sleep_until(returns_at)
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))
         return ret

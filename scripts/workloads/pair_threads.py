@@ -79,9 +79,12 @@ def main():
                 time.sleep(args.hp_hold_ms / 1e3)
             finally:
                 gate.end_request()
-        threads.append(threading.Thread(target=role, args=("hp", 10, lambda m, x, t, gate: {
-            "hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t) if args.hp_hold_ms is None
-            else open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)})))
+
+        def service(m, x, t, gate):
+            if args.hp_hold_ms is None:
+                return {"hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t)}
+            return {"hp_latencies_s": open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)}
+        threads.append(threading.Thread(target=role, args=("hp", 10, service)))
     if not args.no_lp:
         threads.append(threading.Thread(target=role, args=("lp", 0, lambda m, x, t, gate: {
             "lp_iters_per_s": run_batches(m, x, args.seconds, args.warmup_s, t)})))
