@@ -83,11 +83,13 @@ def make(gpu):
     class Event:
         def __init__(self, enable_timing=False, blocking=False):
             self.at = None
+            self.stream = None
 
         def record(self, stream=None):
             with gpu.lock:
                 gpu.events_recorded += 1
                 self.at = gpu.busy_until
+                self.stream = stream if stream is not None else current_stream()
                 gpu.pending_events.append(self)
 
         def query(self):
@@ -98,22 +100,44 @@ def make(gpu):
                 time.sleep(0.0002)
 
     class Stream:
+        streams = 0
+
         def __init__(self, device=None, priority=0):
             self.priority = priority
+            Stream.streams += 1
+            self.id = Stream.streams
 
         def synchronize(self):
             while time.monotonic() < gpu.busy_until:
                 time.sleep(0.0002)
 
+    default_stream = Stream()
+    selected = threading.local()              # streams are per thread, as in torch
+
+    def current_stream(device=None):
+        """The thread's stream. Counted: the real call builds a new Stream object each time."""
+        gpu.current_stream_calls += 1
+        return selected.__dict__.get("stream", default_stream)
+
+    gpu.current_stream_calls = 0
     cuda = types.ModuleType("torch.cuda")
-    cuda.Event, cuda.Stream = Event, Stream
+    cuda.Event, cuda.Stream, cuda.current_stream = Event, Stream, current_stream
     cuda.is_initialized = lambda: gpu.initialized
     cuda.current_device = lambda: 0
     cuda.get_device_properties = lambda index: types.SimpleNamespace(uuid="GPU-fake-0", name="fake")
 
     @contextmanager
     def stream(s):
-        yield s
+        before = selected.__dict__.get("stream", default_stream)
+        selected.stream = s
+        try:
+            yield s
+        finally:
+            selected.stream = before
     cuda.stream = stream
     torch.cuda = cuda
+    # the private calls behind torch.cuda.current_stream(): (stream id, device index, device type)
+    torch._C = types.SimpleNamespace(
+        _cuda_getDevice=lambda: 0,
+        _cuda_getCurrentStream=lambda device: (selected.__dict__.get("stream", default_stream).id, device, 1))
     return torch

@@ -3,7 +3,6 @@ machine, whose GPUs span GC 9 (Radeon VII, MI300X, MI350X), GC 10.3 (Navi23), GC
 and GC 12.0.1 (RX 9070 XT). Each test names the kernel file and function it follows
 (drivers/gpu/drm/amd/amdkfd/)."""
 import ctypes
-import os
 
 import pytest
 

@@ -4,7 +4,6 @@ kernel's rules, one test per rule, each naming the kernel file and function it f
 forked child, a brand-new KFD process with no events of earlier tests."""
 import ctypes
 import errno
-import os
 
 import pytest
 

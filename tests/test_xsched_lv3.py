@@ -272,7 +272,7 @@ def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engin
     other = subprocess.Popen(["sleep", "30"])
     try:
         hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
-        lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+        board.allocate(lp_proc.pid, 0, 0, DEVICE)
         elsewhere = board.allocate(other.pid, 10, 0, DEVICE + 1)
         engine = make_engine()
         engine.trace = (tmp_path / "trace").open("w")
@@ -310,16 +310,16 @@ def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_eng
     engine = make_engine()
     engine.sync(now=100.0)
     t = 100.0
-    for request in range(4):                          # requests 50 ms apart
+    for k in range(4):                                # requests 50 ms apart
         board.set_active(hp, True)
         engine.sync(now=t + 0.001)
         assert engine.clients[lp].suspended_at is not None
         board.set_active(hp, False)
         engine.sync(now=t + 0.004)
-        if request == 0:                              # no gap seen yet: it waits the switch time
+        if k == 0:                                    # no gap seen yet: it waits the switch time
             assert engine.clients[lp].suspended_at is not None
             engine.sync(now=t + 0.004 + engine.clients[lp].switch_s + 1e-6)
-        assert engine.clients[lp].suspended_at is None, f"request {request}: still suspended"
+        assert engine.clients[lp].suspended_at is None, f"request {k}: still suspended"
         t += 0.050
     for _ in range(GAP_HISTORY):                      # now it comes straight back, again and again
         board.set_active(hp, True)
