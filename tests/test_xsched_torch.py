@@ -523,7 +523,7 @@ def test_a_reused_event_from_another_gpu_is_replaced_not_raised(torch_fake, monk
 def test_sync_points_are_recorded_on_each_threads_current_stream_found_without_torch_current_stream(torch_fake):
     """An event is recorded on the stream the launching thread uses now (a sync point on another
     stream would not cover its work), found through the private calls torch.cuda.current_stream()
-    wraps: the public call was 7 % of a GPU-bound batch job's samples on an H100. Without those
+    wraps: the public call was 6.5 % of a GPU-bound batch job's samples on an H100. Without those
     calls (another torch) the public one still serves."""
     torch, gpu, xt = torch_fake
     rec = xt.TorchRecorder()

@@ -66,7 +66,7 @@ class TorchRecorder:
         its cost: that call finds the device through `torch.cuda.is_available()` (an environment
         lookup) and builds a new Stream object every time. In a profile of a GPU-bound batch job
         (ResNet-50 b64 under `xsched-lv3 run` next to a service, H100, torch 2.11, a sync point after
-        nearly every leaf module) it took 7 % of the job's samples, five times the record itself.
+        nearly every leaf module) it took 6.5 % of the job's samples, four times the record itself.
         The (id, device, type) triple behind it is two C calls; its Stream object is made once.
         Streams are per thread in PyTorch, so the key read here is this thread's."""
         if self._current_stream_key is not None:
