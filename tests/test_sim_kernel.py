@@ -334,6 +334,70 @@ def test_destroy_of_suspended_queue_blocks_until_resume(client):
     client.dbg("DISABLE")
 
 
+RUNTIME = c.KFD_EC_MASK(c.EC_PROCESS_RUNTIME)
+
+
+def test_a_debugged_process_turning_its_runtime_off_is_resumed_and_waits_for_its_debugger(client):
+    """kfd_chardev.c: runtime_disable (hsaKmtRuntimeDisable, which ROCr calls in hsa_shut_down):
+    with a debugger attached, kfd_dbg_trap_deactivate resumes every suspended queue,
+    EC_PROCESS_RUNTIME is raised (a process event, reported by QUERY_DEBUG_EVENT once enabled),
+    and the call sleeps on runtime_enable_sema until the debugger's SEND_RUNTIME_EVENT
+    (kfd_dbg_send_exception_to_runtime ups it). A debugger that never answers leaves the
+    process asleep there: the xsched-lv3 daemon answers (lv3.py)."""
+    qid = client.rt.create_queue(client.gpus[0])
+    client.enable_debug()
+    client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=RUNTIME)
+    client.snapshot()
+    client.suspend([qid])
+    assert client.queues()[qid]["suspended"]
+    returned = threading.Event()
+
+    def runtime_off():
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))
+        returned.set()
+    t = threading.Thread(target=runtime_off)
+    t.start()
+    try:
+        assert not returned.wait(0.3)                 # asleep in the kernel
+        assert not client.queues()[qid]["suspended"]  # the deactivation resumed it
+        _, args = client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
+        event = args.query_debug_event
+        assert event.exception_mask & RUNTIME and (event.queue_id, event.gpu_id) == (0, 0)
+        with pytest.raises(errors.Busy):              # reported once: the query cleared it
+            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
+        with pytest.raises(errors.PermissionDenied):  # its runtime is off: no more suspends
+            client.suspend([qid])
+        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        assert returned.wait(5)
+    finally:
+        if not returned.is_set():                     # never leave the thread asleep in the server
+            client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        t.join(5)
+        client.dbg("DISABLE")
+        client.rt.destroy_queue(qid)
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))    # as the other tests expect
+
+
+def test_a_debugged_process_turning_its_runtime_on_waits_for_its_debugger(client):
+    """kfd_chardev.c: runtime_enable: a process already debug-enabled raises EC_PROCESS_RUNTIME
+    and sleeps until the debugger answers, like runtime_disable."""
+    client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))    # not debugged: returns
+    client.enable_debug()
+    returned = threading.Event()
+    t = threading.Thread(target=lambda: (client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0)),
+                                         returned.set()))
+    t.start()
+    try:
+        assert not returned.wait(0.3)
+        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        assert returned.wait(5)
+    finally:
+        if not returned.is_set():
+            client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        t.join(5)
+        client.dbg("DISABLE")
+
+
 def test_sched_policy_2_refuses_debugger(sim_dir):
     """kfd_chardev.c: kfd_ioctl_set_debug_trap refuses every op without HWS. The Vega10 capture
     predates gfx_target_version in sysfs; gfx900 is SOC15 (kfd_debug.c: kfd_dbg_trap_enable

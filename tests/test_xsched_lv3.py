@@ -172,6 +172,22 @@ def test_lp_that_exits_while_suspended_and_daemon_stop_resume_everything(setup):
     assert s.board.daemon_pid() == 0
 
 
+def test_a_client_leaving_under_lv3_shuts_its_runtime_down_and_exits(setup):
+    """A program that returns from main shuts its GPU runtime down (ROCr's hsa_shut_down: its
+    queues destroyed, then RUNTIME_ENABLE off). With the daemon as its debugger the kernel makes
+    both wait: the destroy of a suspended queue until the daemon resumes it (the HP's request
+    ends), the runtime call until the daemon answers EC_PROCESS_RUNTIME (within RUNTIME_POLL_S).
+    Without that answer the program would sleep in the kernel for good."""
+    s = setup
+    hp, lp = s.hp_holds_lp()
+    s.lp.send_signal(signal.SIGUSR1)                  # the LP's main returns while it is suspended
+    time.sleep(0.3)
+    assert s.lp.poll() is None                        # its queues' destroy waits for the resume
+    s.set_active(hp, False)
+    assert s.lp.wait(timeout=5) == 0
+    wait_for(lambda: s.board.read_slot(lp).pid == 0, "the exited LP's slot to be released")
+
+
 def test_status_cli_shows_level_state_and_why(setup):
     s = setup
     hp, lp = s.hp_holds_lp()
@@ -189,9 +205,17 @@ def test_status_cli_shows_level_state_and_why(setup):
 class FakeMechanism:
     """Stands in for DebugTrapSuspend: records calls; a suspend "takes" `switch_s` of wall time."""
     calls = []
+    runtime_events = set()                # pids whose runtime turned off or on, not yet answered
 
     def __init__(self, kfd, pid, read_wave_state=True):
         self.pid = pid
+
+    def answer_runtime_event(self):
+        if self.pid in FakeMechanism.runtime_events:
+            FakeMechanism.runtime_events.discard(self.pid)
+            FakeMechanism.calls.append(("answer", self.pid))
+            return True
+        return False
 
     def known_queues(self):
         return [0, 1]
@@ -221,6 +245,7 @@ def fake_engine(tmp_path, monkeypatch):
     monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
     monkeypatch.setenv("KFDTOOL_RUN_DIR", str(tmp_path / "run"))
     FakeMechanism.calls = []
+    FakeMechanism.runtime_events = set()
 
     class Host:
         kfd, grace_period = object(), 1
@@ -262,6 +287,26 @@ def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake
     assert FakeMechanism.calls[-1] == ("resume", lp_proc.pid)
     engine.close()
     assert FakeMechanism.calls[-1] == ("close", lp_proc.pid)
+
+
+def test_a_client_whose_runtime_turns_off_is_answered_and_given_back_to_its_gate(fake_engine):
+    """A target turning its GPU runtime off or on sleeps in the kernel until its debugger answers
+    (kfd_chardev.c: runtime_disable / runtime_enable): the engine asks every RUNTIME_POLL_S,
+    answers, and releases the client to its gate (its queues cannot be suspended meanwhile)."""
+    import xsched_lv3.lv3 as lv3
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=100.0)
+    assert board.read_slot(lp).level == 3
+    FakeMechanism.runtime_events.add(lp_proc.pid)
+    engine.sync(now=100.0 + lv3.RUNTIME_POLL_S / 2)
+    assert FakeMechanism.runtime_events                   # not asked yet: at most every RUNTIME_POLL_S
+    engine.sync(now=100.0 + lv3.RUNTIME_POLL_S)
+    assert FakeMechanism.calls[-2:] == [("answer", lp_proc.pid), ("close", lp_proc.pid)]
+    assert board.read_slot(lp).level == 1 and "runtime" in engine.describe(lp)["why"]
+    engine.close()
 
 
 def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engine, tmp_path):

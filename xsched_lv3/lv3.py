@@ -57,6 +57,10 @@ RETRY_ATTACH_S = 0.5           # a client whose GPU is not yet a KFD process: as
 # up to this plus the reads (scripts/bench_attach_detect.py measures both, and the CPU it costs).
 ATTACHED_POLL_S = 1e-3
 SNAPSHOT_EVERY_S = 1.0         # ... and takes its queue list again this often (queues created later)
+# A client that turns its GPU runtime off (hsa_shut_down, at exit) or on sleeps in the kernel until
+# its debugger answers (DebugTrapSuspend.answer_runtime_event): asked of every Lv3 client this
+# often, the longest such a program waits for the daemon (one ioctl a client each time).
+RUNTIME_POLL_S = 0.1
 # A mean wave life under which waiting (the grace period) would beat saving: ML kernels' waves live
 # tens of µs to ms. ESTIMATE, used only to pick the grace period (see grace_period_for).
 WAVE_LIFE_S = 1e-3
@@ -222,6 +226,7 @@ class Lv3Engine:
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
         self.calls = ParallelCalls()       # suspends (and resumes) of several clients at once
+        self.runtime_poll_at = 0.0         # when to ask the Lv3 clients for runtime events next
 
     # --- the one entry point: read the board, act ------------------------------------------------
     def sync(self, now=None):
@@ -303,7 +308,26 @@ class Lv3Engine:
                 c.mech.queues()             # queues created since: suspendable next time (EC_QUEUE_NEW cleared)
             except Error as e:
                 self._lost(c, f"queue snapshot failed ({e})")
+        self._answer_runtime_events(now)
         return wake_at
+
+    def _answer_runtime_events(self, now):
+        """Answer every Lv3 client that turned its GPU runtime off or on (it sleeps in the kernel
+        until we do) and give it back to its gate: its queues were resumed by the kernel and cannot
+        be suspended while its runtime is off; a runtime turned on again has new queues, and is
+        attached afresh after RETRY_ATTACH_S. At most every RUNTIME_POLL_S; the daemon syncs at
+        least every SCHEDULE_EVERY_S, less, so no wake-up is asked for it."""
+        if now < self.runtime_poll_at:
+            return
+        self.runtime_poll_at = now + RUNTIME_POLL_S
+        for c in [c for c in self.clients.values() if c.mech is not None]:
+            try:
+                answered = c.mech.answer_runtime_event()
+            except Error as e:
+                self._lost(c, f"runtime event query failed ({e})")
+                continue
+            if answered:
+                self._lost(c, "its GPU runtime was turned off or on (hsa_shut_down / hsa_init)")
 
     def _poll_attached(self, slots, now):
         """Mark each attached process that could preempt someone active or idle from its queues'

@@ -19,6 +19,10 @@ from .holds import debugger_of
 from .mechanisms import Availability, Mechanism, MechanismResult, QueueOutcome
 
 NEW_MASK = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
+# The one exception a preempting debugger must answer: a target turning its GPU runtime on or off
+# (hsa_init, hsa_shut_down) sleeps in RUNTIME_ENABLE until its debugger sends it back
+# (kfd_chardev.c: runtime_enable / runtime_disable, down_interruptible(&p->runtime_enable_sema)).
+RUNTIME_MASK = c.KFD_EC_MASK(c.EC_PROCESS_RUNTIME)
 ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
 WAVE_STATE = s.kfd_context_save_area_header_wave_state      # the 16 bytes get_wave_state writes
 MAX_GRACE = 0xFF           # CP_IQ_WAIT_TIME2.SCH_WAVE is 8 bits wide
@@ -53,6 +57,7 @@ class DebugTrapSuspend(Mechanism):
         self._mes_gpus = None              # gpu_ids whose scheduler is MES, asked of the kernel once
         self.runtime_state = None
         self._enabled = False
+        self._events = None                # (read, write) ends of the pipe the kernel signals events on
         if not kfd.supports("DBG_TRAP"):
             raise NotSupported("DBG_TRAP", errno.ENOTTY, f"KFD ABI {kfd.abi} predates the debugger API (1.13)")
         if enable:
@@ -60,20 +65,58 @@ class DebugTrapSuspend(Mechanism):
 
     # --- attach ---------------------------------------------------------------------------------
     def _enable(self):
+        """ENABLE, subscribed to EC_PROCESS_RUNTIME (see `answer_runtime_event`). The kernel writes
+        a byte to the fd passed as dbg_fd when a subscribed exception is raised (kfd_debug.c:
+        kfd_dbg_ev_raise): a pipe of ours, non-blocking so the kernel's write never waits."""
         info = s.kfd_runtime_info()
-        with _attached(self.pid):
-            try:
-                self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=self.kfd.fd, exception_mask=0,
-                                  rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
-            except AlreadyDebugged as e:
-                holder = debugger_of(self.pid)
-                if holder:                         # another kfdtool, not rocgdb: say which
-                    raise AlreadyDebugged("DBG_TRAP", e.errno, f"kfdtool pid {holder} already preempts pid "
-                                          f"{self.pid}; wait for it or `kfdtool resume --pid {self.pid} --all`",
-                                          op="ENABLE") from None
-                raise
+        events = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            with _attached(self.pid):
+                try:
+                    self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=events[1], exception_mask=RUNTIME_MASK,
+                                      rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
+                except AlreadyDebugged as e:
+                    holder = debugger_of(self.pid)
+                    if holder:                         # another kfdtool, not rocgdb: say which
+                        raise AlreadyDebugged("DBG_TRAP", e.errno, f"kfdtool pid {holder} already preempts pid "
+                                              f"{self.pid}; wait for it or `kfdtool resume --pid {self.pid} --all`",
+                                              op="ENABLE") from None
+                    raise
+        except BaseException:
+            for fd in events:
+                os.close(fd)
+            raise
+        self._events = events
         self._enabled = True
         self.runtime_state = c.kfd_dbg_runtime_state(info.runtime_state)
+
+    def answer_runtime_event(self):
+        """True if the target turned its GPU runtime on or off and was answered. Such a target
+        sleeps in RUNTIME_ENABLE until its debugger sends EC_PROCESS_RUNTIME back with
+        SEND_RUNTIME_EVENT (kfd_chardev.c: runtime_enable / runtime_disable; kfd_debug.c:
+        kfd_dbg_send_exception_to_runtime ups runtime_enable_sema), and DISABLE does not wake it: a
+        debugger that never answers leaves a program asleep in hsa_shut_down at exit. Turning the
+        runtime off has already resumed every queue (kfd_dbg_trap_deactivate), and no queue can be
+        suspended until it is on again (SUSPEND_QUEUES is EPERM meanwhile). One ioctl when nothing
+        is pending: cheap enough to call a few times a second."""
+        if not self._enabled:
+            return False
+        try:
+            while os.read(self._events[0], 4096):      # the kernel's wake-up bytes
+                pass
+        except BlockingIOError:
+            pass
+        try:
+            _, args = self.kfd.dbg_trap("QUERY_DEBUG_EVENT", self.pid, "query_debug_event",
+                                        exception_mask=RUNTIME_MASK)
+        except KfdIoctlError as e:
+            if e.errno == errno.EAGAIN:                # nothing pending
+                return False
+            raise
+        if not args.query_debug_event.exception_mask & RUNTIME_MASK:
+            return False
+        self.kfd.dbg_trap("SEND_RUNTIME_EVENT", self.pid, "send_runtime_event", exception_mask=RUNTIME_MASK)
+        return True
 
     # --- queues ---------------------------------------------------------------------------------
     def queues(self, clear_new=True):
@@ -218,8 +261,13 @@ class DebugTrapSuspend(Mechanism):
         if not self._enabled:
             return
         try:
+            self.answer_runtime_event()                   # DISABLE would leave a sleeping target asleep
             if self._held:
                 self.resume()
+        except KfdIoctlError as e:
+            # the target exited (ESRCH), or turned its runtime off, which resumed its queues (EPERM)
+            if e.errno not in (errno.ESRCH, errno.EPERM):
+                raise
         finally:
             self._enabled = False
             try:
@@ -227,7 +275,11 @@ class DebugTrapSuspend(Mechanism):
             except KfdIoctlError as e:
                 if e.errno != errno.ESRCH:                # the target exited: nothing left to resume
                     raise
-            self._held.clear()
+            finally:
+                self._held.clear()
+                for fd in self._events or ():
+                    os.close(fd)
+                self._events = None
 
 
 class _attached:

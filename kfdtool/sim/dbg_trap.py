@@ -7,7 +7,7 @@ import os
 
 from ..ioctls import constants as c
 from ..ioctls import structs as s
-from .errors import SimErrno
+from .errors import Blocked, SimErrno
 
 OPS = c.kfd_dbg_trap_operations
 SNAPSHOT_ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
@@ -20,6 +20,12 @@ class DbgTrap:
 
     # --- RUNTIME_ENABLE ---------------------------------------------------------------------------
     def runtime_enable(self, proc, a, mem, uid):
+        """kfd_chardev.c: runtime_enable / runtime_disable. A process being debugged tells its
+        debugger: the call raises EC_PROCESS_RUNTIME and sleeps on runtime_enable_sema until the
+        debugger answers with SEND_RUNTIME_EVENT (down_interruptible: only a signal ends it
+        otherwise, which the simulator does not deliver, so the kernel's retry after one is not
+        modelled either). Turning the runtime off first deactivates
+        the debug session (kfd_dbg_trap_deactivate: every suspended queue is resumed)."""
         if a.mode_mask & c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:
             if proc.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
                 raise SimErrno(errno.EBUSY)
@@ -28,9 +34,31 @@ class DbgTrap:
             proc.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
             proc.r_debug = a.r_debug
             proc.ttmp_setup = int(bool(a.mode_mask & c.KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK))
+            if proc.debug_trap_enabled:
+                self._activate_cu_workaround(proc)           # kfd_dbg_trap_activate
         else:
-            proc.runtime_state = c.DEBUG_RUNTIME_STATE_DISABLED
-        return 0
+            was_enabled = proc.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED
+            proc.runtime_state, proc.r_debug, proc.ttmp_setup = c.DEBUG_RUNTIME_STATE_DISABLED, 0, 0
+            if proc.debug_trap_enabled and was_enabled:
+                self._deactivate(proc)
+        if not proc.debug_trap_enabled:
+            return 0
+        proc.exception_status |= c.KFD_EC_MASK(c.EC_PROCESS_RUNTIME)    # kfd_dbg_ev_raise
+        return self._wait_for_debugger(proc)
+
+    @staticmethod
+    def _wait_for_debugger(proc):
+        """down_interruptible(&p->runtime_enable_sema): sleeps until SEND_RUNTIME_EVENT ups it, or
+        the process exits."""
+        if proc.runtime_sema:
+            proc.runtime_sema -= 1
+            return 0
+
+        def finish():
+            if proc.runtime_sema:
+                proc.runtime_sema -= 1
+            return 0
+        raise Blocked(ready=lambda: proc.runtime_sema > 0 or not proc.alive, finish=finish)
 
     # --- DBG_TRAP ---------------------------------------------------------------------------------
     def dbg_trap(self, caller, a, mem, uid):
@@ -53,6 +81,7 @@ class DbgTrap:
         handler = {
             OPS.KFD_IOC_DBG_TRAP_ENABLE: self.enable, OPS.KFD_IOC_DBG_TRAP_DISABLE: self.op_disable,
             OPS.KFD_IOC_DBG_TRAP_SET_EXCEPTIONS_ENABLED: self.set_exceptions_enabled,
+            OPS.KFD_IOC_DBG_TRAP_SEND_RUNTIME_EVENT: self.send_runtime_event,
             OPS.KFD_IOC_DBG_TRAP_SUSPEND_QUEUES: self.suspend_queues,
             OPS.KFD_IOC_DBG_TRAP_RESUME_QUEUES: self.resume_queues,
             OPS.KFD_IOC_DBG_TRAP_SET_FLAGS: self.set_flags,
@@ -60,7 +89,7 @@ class DbgTrap:
             OPS.KFD_IOC_DBG_TRAP_GET_QUEUE_SNAPSHOT: self.queue_snapshot,
             OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT: self.device_snapshot,
         }.get(op)
-        if handler is None:             # not simulated: SEND_RUNTIME_EVENT, wave launch, watches
+        if handler is None:             # not simulated: wave launch, watches, exception info
             raise SimErrno(errno.EINVAL if op > OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT else errno.EOPNOTSUPP)
         return handler(caller, target, a, mem)
 
@@ -102,10 +131,18 @@ class DbgTrap:
         self.disable(target)
         return 0
 
+    def _deactivate(self, target):
+        """kfd_dbg_trap_deactivate (not an unwind): the CU workaround goes and every suspended
+        queue is resumed (resume_queues(target, 0, NULL))."""
+        for q in target.queues.values():
+            q.is_dbg_wa = False
+        self._resume(target, None)
+
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
         target is deactivated (kfd_dbg_trap_deactivate: the CU workaround goes); one whose
-        activation failed is set back to ENABLED for the next debugger."""
+        activation failed is set back to ENABLED for the next debugger. A target sleeping in
+        RUNTIME_ENABLE stays asleep: only SEND_RUNTIME_EVENT wakes it."""
         self._resume(target, None)
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
             for q in target.queues.values():
@@ -125,6 +162,18 @@ class DbgTrap:
         target.exception_mask = a.set_exceptions_enabled.exception_mask
         return 0
 
+    def send_runtime_event(self, caller, target, a, mem):
+        """kfd_debug.c: kfd_dbg_send_exception_to_runtime: EC_PROCESS_RUNTIME ups
+        runtime_enable_sema (a RUNTIME_ENABLE sleeping on it returns). The exceptions it forwards
+        to the runtime (memory violations, queue errors) are not simulated."""
+        mask = a.send_runtime_event.exception_mask
+        runtime = c.KFD_EC_MASK(c.EC_PROCESS_RUNTIME)
+        if mask & ~runtime:
+            raise SimErrno(errno.EOPNOTSUPP, "only EC_PROCESS_RUNTIME is simulated")
+        if mask & runtime:
+            target.runtime_sema += 1
+        return 0
+
     def set_flags(self, caller, target, a, mem):
         previous, target.dbg_flags = target.dbg_flags, a.set_flags.flags
         a.set_flags.flags = previous
@@ -133,17 +182,20 @@ class DbgTrap:
     def query_debug_event(self, caller, target, a, mem):
         """kfd_debug.c: kfd_dbg_ev_query_debug_event: the first queue, in the process's queue list
         (newest first), with an exception the mask enables reports its whole status, its id and
-        GPU, and loses the bits asked to clear; then device and process exceptions, which no
-        simulated wave raises; nothing pending is -EAGAIN."""
+        GPU, and loses the bits asked to clear; then device exceptions (none simulated), then the
+        process's own (EC_PROCESS_RUNTIME); nothing pending is -EAGAIN."""
         args = a.query_debug_event
+        clear = args.exception_mask
+        args.gpu_id = args.queue_id = 0
+        args.exception_mask = 0
         for q in target.queues.values():                      # newest first, as pqm->queues
             if target.exception_mask & q.exception_status:
                 args.gpu_id, args.queue_id = q.gpu_id, q.qid
-                args.exception_mask, q.exception_status = (q.exception_status,
-                                                           q.exception_status & ~args.exception_mask)
+                args.exception_mask, q.exception_status = q.exception_status, q.exception_status & ~clear
                 return 0
-        args.gpu_id = args.queue_id = 0
-        args.exception_mask = 0
+        if target.exception_mask & target.exception_status:
+            args.exception_mask, target.exception_status = target.exception_status, target.exception_status & ~clear
+            return 0
         raise SimErrno(errno.EAGAIN)
 
     # --- suspend / resume -------------------------------------------------------------------------

@@ -149,6 +149,7 @@ class SimHip(SimHipRuntime):
         runtime = FakeRuntime(self._kfd, sim.sysfs_root, runtime_enable=False)
         try:
             self._kfd.ioctl("RUNTIME_ENABLE", kfd_ioctl_runtime_enable_args(0, KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
+            runtime.runtime_enabled = True     # close() turns it off, as hsa_shut_down does
         except Busy:           # a second SimHip in one process: the process is runtime-enabled once
             pass
         super().__init__(runtime, max_hw_queues)

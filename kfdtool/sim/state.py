@@ -74,6 +74,8 @@ class SimProcess:
     debugger: "SimProcess | None" = None
     debugged_count: int = 0
     exception_mask: int = 0
+    exception_status: int = 0                           # process-level exceptions (EC_PROCESS_*) raised
+    runtime_sema: int = 0                               # runtime_enable_sema: ups not yet taken
     dbg_flags: int = 0
     queues: dict = field(default_factory=dict)          # qid -> SimQueue, insertion = creation order
     bos: dict = field(default_factory=dict)             # handle -> BufferObject

@@ -7,6 +7,7 @@ sets its name, creates queues, marks them busy and lives until killed or the sim
 import argparse
 import ctypes
 import os
+import signal
 import sys
 
 from ..device import KfdDevice
@@ -29,8 +30,10 @@ class FakeRuntime:
         self.next_va = 0x1000_0000_0000
         self.queues = {}              # qid -> {gpu_id, ring_base, ring_size, ...}
         self.handles = []
+        self.runtime_enabled = False  # we turned the runtime on: close() turns it off
         if runtime_enable and kfd.supports("RUNTIME_ENABLE"):
             kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
+            self.runtime_enabled = True
 
     def alloc(self, gpu_id, size, flags=GTT):
         va = self.next_va
@@ -64,12 +67,17 @@ class FakeRuntime:
         self.queues.pop(qid, None)
 
     def close(self):
-        """Destroy our queues and free our memory (what a runtime does at shutdown)."""
+        """What ROCr's hsa_shut_down does: destroy our queues (a suspended queue of a debugged
+        process makes that wait for its resume), free our memory and turn the runtime off (which,
+        while a debugger is attached, waits for the debugger to answer)."""
         for qid in list(self.queues):
             self.destroy_queue(qid)
         for handle in self.handles:
             self.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
         self.handles.clear()
+        if self.runtime_enabled:
+            self.runtime_enabled = False
+            self.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))
 
 
 def save_area_sizes(props):
@@ -129,11 +137,22 @@ def main(argv=None):
     with sim.control() as ctl:
         ctl("set_waves", pid=os.getpid(), waves=args.waves)
     print(f"ready {os.getpid()}", flush=True)
+    signal.signal(signal.SIGUSR1, _shut_down)
     try:
-        kfd.backend.sock.recv(1)           # until the simulator goes away or we are killed
+        kfd.backend.sock.recv(1)           # until the simulator goes away or we are killed, or:
     except OSError:
         pass
+    except ShutDown:                       # SIGUSR1: exit as a program returning from main does
+        rt.close()
     return 0
+
+
+class ShutDown(Exception):
+    pass
+
+
+def _shut_down(signum, frame):
+    raise ShutDown
 
 
 if __name__ == "__main__":
