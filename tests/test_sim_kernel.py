@@ -226,6 +226,34 @@ def test_dbg_trap_other_process_needs_ptrace(client, sim):
         os.kill(pid, 9)
 
 
+def test_enable_by_the_ptrace_parent_makes_a_kfd_process_of_one_that_has_none(client, sim):
+    """kfd_chardev.c: kfd_ioctl_set_debug_trap: for ENABLE by the target's ptrace parent the target's
+    kfd_process is created (kfd_create_process) if it has none; anyone else gets -ESRCH. It then
+    lives until the process exits, like any (its sysfs entry goes with it)."""
+    from kfdtool.cwsr import ptrace
+    from kfdtool.sysfs import SysfsRoot
+    sleeper = subprocess.Popen(["sleep", "30"])
+    entry = SysfsRoot(sim.sysfs_root).proc / str(sleeper.pid)
+    try:
+        with pytest.raises(errors.ProcessNotFound):
+            client.dbg("ENABLE", "enable", pid=sleeper.pid, dbg_fd=client.kfd.fd)
+        assert not entry.exists()
+        ptrace.seize(sleeper.pid)
+        try:
+            client.dbg("ENABLE", "enable", pid=sleeper.pid, dbg_fd=client.kfd.fd)
+        finally:
+            ptrace.detach(sleeper.pid)
+        assert entry.is_dir()
+        client.dbg("DISABLE", pid=sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    deadline = time.monotonic() + 5
+    while entry.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not entry.exists()
+
+
 def test_suspend_status_words_and_new_queues(client):
     """kfd_device_queue_manager.c: suspend_queues / resume_queues: the return value counts queues
     handled; an id not found keeps KFD_DBG_QUEUE_INVALID_MASK (bit 31), a queue with

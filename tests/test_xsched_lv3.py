@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kfdtool.cwsr.holds import suspended_by
+from kfdtool.sysfs import SysfsRoot
 from simhelpers import start
 from xsched_lv3.board import Board
 from xsched_lv3.daemon_link import poke, request, wake_path
@@ -252,6 +253,9 @@ def fake_engine(tmp_path, monkeypatch):
 
         def level_for(self, pid):
             return lv3.LV3, "Lv3: fake"
+
+        def is_kfd_process(self, pid):
+            return True
     board = Board(tmp_path / "board")
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
     yield board, (lambda: lv3.Lv3Engine(board, Host(), make_policy("hpf"), log=lambda *_: None)), *procs
@@ -450,7 +454,10 @@ def test_attach_is_refused_where_lv3_cannot_reach_the_process(setup):
     try:
         out = xsched("attach", "--pid", str(sleeper.pid))
         assert out.returncode == 1 and "cannot attach" in out.stderr and len(out.stderr.splitlines()) == 1
+        assert "not a KFD process" in out.stderr
         assert all(x.pid != sleeper.pid for _, x in s.board.slots())   # nothing left behind
+        # and it is still no KFD process: ENABLE by a ptrace parent would have made it one
+        assert not (SysfsRoot(s.sim.sysfs_root).proc / str(sleeper.pid)).exists()
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -46,6 +46,7 @@ from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
 from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess
 from kfdtool.pids import stopped
+from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
 
 from .policy import shares_device
@@ -161,6 +162,7 @@ class Host:
     def __init__(self, open_kfd, sysfs_root=None, max_level=LV3):
         self.kfd, self.no_kfd = None, None
         self.max_level = max_level
+        self.kfd_procs = SysfsRoot(sysfs_root).proc     # /sys/class/kfd/kfd/proc: one entry per KFD process
         self.grace_period, self.grace_why = MIN_GRACE, ""
         if max_level < LV3:
             self.no_kfd = "Lv1: Lv3 turned off (xsched-lv3 daemon --max-level 1)"
@@ -176,6 +178,13 @@ class Host:
         except Error:
             self.gpus = []
         self.grace_period, self.grace_why = grace_period_for(self.gpus[0] if self.gpus else None)
+
+    def is_kfd_process(self, pid):
+        """Whether `pid` has a KFD process (opened /dev/kfd): the kernel lists each in sysfs. Asked
+        before ENABLE, because ENABLE by a ptrace parent creates one where there is none
+        (kfd_chardev.c: kfd_ioctl_set_debug_trap calls kfd_create_process): a process that never
+        touched the GPU would become a KFD process behind its back."""
+        return (self.kfd_procs / str(pid)).is_dir()
 
     def level_for(self, pid):
         """(LV3, why) if the daemon may preempt `pid` through KFD here, else (LV1, why)."""
@@ -377,6 +386,9 @@ class Lv3Engine:
         level, why = self.host.level_for(c.pid)
         if level < LV3:
             return self._stay_lv1(c, why)
+        if not self.host.is_kfd_process(c.pid):
+            return self._stay_lv1(c, "Lv1: not a KFD process yet" if q is not None else
+                                  "Lv1: not a KFD process (it has not opened /dev/kfd)", final=False, now=now)
         try:
             c.mech = DebugTrapSuspend(self.host.kfd, c.pid, read_wave_state=False)
         except AttachDenied as e:

@@ -66,6 +66,8 @@ class DbgTrap:
         if kfd.params.get("sched_policy", 0) == 2:
             raise SimErrno(errno.EINVAL, "no HWS")
         target = kfd.processes.get(a.pid)
+        if target is None and a.op == OPS.KFD_IOC_DBG_TRAP_ENABLE and ptrace_parent(a.pid) == caller.pid:
+            target = kfd.create_process(a.pid)    # ENABLE by the ptrace parent creates the kfd_process
         if target is None:
             raise SimErrno(errno.ESRCH)
         # kfd_ioctl_set_debug_trap: self, the ptrace parent, or the debugger that did ENABLE. The

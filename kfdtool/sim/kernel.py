@@ -8,6 +8,7 @@ kernel's per-process and DQM locks taken together.
 import ctypes
 import errno
 import itertools
+import os
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class SimDevice:
 
 class SimKfd:
     def __init__(self, sysfs_root, profile, parameters):
+        # (pid) -> bool: the server watches pid for its exit (the kernel's mm notifier); False where
+        # it cannot. None: nothing watches (an in-process kernel in tests), so none is created
+        self.watch_exit = None
         self.profile = profile
         self.abi = profile.abi
         self.params = parameters
@@ -136,6 +140,18 @@ class SimKfd:
             self.sysfs.add_process(pid, proc.gpu_ids, {g for g, d in self.devices.items() if d.svm})
             self.smi.emit(c.KFD_SMI_EVENT_PROCESS_START, 0, f"{pid:x} sim-{pid}\n", self.devices)
         return proc
+
+    def create_process(self, pid):
+        """kfd_process.c: kfd_create_process for a process that has not opened /dev/kfd, as DBG_TRAP
+        ENABLE does for its ptrace parent. None where it cannot be made (the pid is gone, or its exit
+        cannot be watched, which the kernel's release needs)."""
+        if self.watch_exit is None or not self.watch_exit(pid):
+            return None
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            return None
+        return self.open_process(pid, uid)
 
     def release_process(self, pid):
         """kfd_process_notifier_release_internal: the process's mm is gone (exit, kill -9).

@@ -156,6 +156,7 @@ class SimServer(ConnectionLoop):
         self.wake = WakeTimer()         # fires when a waited-on kernel completes
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
+        self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
         self.backlog = {}             # connections with a whole request waiting, in turn order
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
