@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -103,6 +104,8 @@ def test_sim_status_and_list(sim):
     (["sim", "workload", "vega10"], "simulated vega10 is not running"),
     (["--sysfs-root", "/tmp", "preempt", "--pid", "1"], "no KFD under /tmp"),
     (["--sysfs-root", "/tmp", "resume", "--pid", "1", "--all"], "no KFD under /tmp"),
+    (["sim", "start", "mi308x", "--param", "cwsr_enable=0"], "already runs with cwsr_enable=1"),
+    (["--sim", "mi210", "demo", "--machine", "mi308x"], "name different machines"),
 ])
 def test_bad_input_gives_one_line(sim, args, needle):
     one_line_error(run_cli(*args), needle)
@@ -332,3 +335,26 @@ def test_corrupt_module_parameters_are_unknown_not_echoed(tmp_path):
     assert "\x1b" not in result.stdout and result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["cwsr_enabled"] is not False          # unknown, not "off"
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "abc", "", "5"])
+def test_a_senseless_columns_value_still_gives_whole_tables(sim, columns):
+    """In a pipe COLUMNS sets the width; an empty, zero, negative, non-numeric or tiny value falls
+    back to the default instead of failing or printing nothing, and identifiers stay whole."""
+    result = run_cli("--sim", "mi308x", "topology", env={"COLUMNS": columns})
+    assert result.returncode == 0 and result.stderr == ""
+    gpu = run_cli("--sim", "mi308x", "topology", "--json").stdout
+    first_gpu_id = str(next(n["gpu_id"] for n in json.loads(gpu)["nodes"] if n.get("gpu_id")))
+    assert first_gpu_id in result.stdout
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback(sim):
+    result = subprocess.run(f"{shlex.quote(sys.executable)} -m kfdtool --sim mi308x queues >&-", shell=True,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip() == "kfdtool: standard output is closed"
+
+
+def test_probing_a_stopped_simulated_machine_says_so(sim_dir):
+    """Its sysfs tree is still readable, but nothing there can be preempted: not "available"."""
+    run_cli("sim", "stop", "mi210")
+    one_line_error(run_cli("--sim", "mi210", "cwsr", "--probe"), "simulated mi210 is not running")

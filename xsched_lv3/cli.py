@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from kfdtool.cli.argtypes import non_empty
+
 from .board import Board
 from .policy import HINTS, POLICIES, check_hint
 from .protection import DEFAULT_LATENCY_SLACK, Protection
@@ -39,7 +41,7 @@ def build_parser():
                         "(default 1, lv3.ATTACHED_POLL_S; see README)")
     d.add_argument("--trace", metavar="FILE", type=argparse.FileType("a"),
                    help="append one line per Lv3 suspend and resume (monotonic time, pid, duration)")
-    d.add_argument("--sim", metavar="NAME", help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
+    d.add_argument("--sim", metavar="NAME", type=non_empty, help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
                                                 "instead of /dev/kfd")
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
                                     "/tmp/xsched-lv3-<uid>/daemon.sock; a 0700 directory); the daemon holds "
@@ -266,6 +268,11 @@ def _board_problem(error):
 def main(argv=None):
     from kfdtool.errors import Error as KfdError
     args = build_parser().parse_args(argv)
+    if sys.stdout is None and args.run not in (cmd_run, cmd_daemon):
+        # started with stdout closed (`>&-`): nowhere to answer (a program run under us, or the
+        # daemon, may well run without one)
+        print("xsched-lv3: standard output is closed", file=sys.stderr)
+        return 1
     try:
         return args.run(args)
     except (ValueError, ConnectionError, RuntimeError, KfdError) as e:

@@ -498,7 +498,8 @@ def _bind_private(sock, path):
         sock.bind(path)
     except OSError as e:
         sock.close()
-        raise DaemonRefused(f"cannot create the socket {path}: {e.strerror}") from None
+        why = e.strerror or str(e)                 # "AF_UNIX path too long" has no errno
+        raise DaemonRefused(f"cannot create the socket {path}: {why}") from None
     finally:
         os.umask(old_umask)
     return sock

@@ -74,6 +74,9 @@ def build_parser(argv=None):
 
 
 def main(argv=None):
+    if sys.stdout is None:                    # started with stdout closed (`>&-`): nowhere to answer
+        print("kfdtool: standard output is closed", file=sys.stderr)
+        return 1
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.wide:

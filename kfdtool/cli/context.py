@@ -29,12 +29,16 @@ class Context:
         """Why `pid` is not a KFD process, naming the sysfs looked in (a simulated machine's, or --sysfs-root)."""
         return f"is not a KFD process (no {self.sysfs.proc / str(pid)})"
 
+    def require_running_sim(self):
+        """A simulated machine's sysfs tree can be read while it is stopped; its KFD cannot be used."""
+        if self.sim is not None and not self.sim.is_running():
+            from ..errors import SimulatorError
+            raise SimulatorError(f"simulated {self.sim.name} is not running; start it with "
+                                 f"`kfdtool sim start {self.sim.name}`")
+
     def open_device(self):
         from ..device import KfdDevice
         if self.sim is not None:
-            from ..errors import SimulatorError
-            if not self.sim.is_running():
-                raise SimulatorError(f"simulated {self.sim.name} is not running; start it with "
-                                     f"`kfdtool sim start {self.sim.name}`")
+            self.require_running_sim()
             return KfdDevice(self.sim.open_kfd())
         return KfdDevice.open(os.environ.get("KFDTOOL_DEVICE", "/dev/kfd"))

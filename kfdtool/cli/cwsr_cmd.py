@@ -57,6 +57,7 @@ def collect(ctx):
 
 def run_probe(args, ctx):
     from ..cwsr.probe import probe
+    ctx.require_running_sim()               # a stopped simulator's facts would read as "available"
     if args.pid is not None:
         ctx.require_kfd_process(args.pid, "is not a KFD process: no queues to preempt")
     report = probe(ctx, args.pid)

@@ -21,22 +21,31 @@ WORKLOADS = (   # role, GPUs, compute queues per GPU, SDMA queues per GPU, waves
 def add_parser(sub):
     p = sub.add_parser("demo", help=HELP, description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  kfdtool demo\n  kfdtool demo --machine mi300x --keep\n")
-    p.add_argument("--machine", default="mi308x", help="simulated machine (default mi308x)")
+    p.add_argument("--machine", help="simulated machine (default mi308x; `kfdtool --sim NAME demo` names it too)")
     p.add_argument("--keep", action="store_true", help="leave the simulator and its processes running")
     p.set_defaults(run=run)
 
 
 def run(args, ctx):
     from ..sim import runner
+    from ..topology import read_topology
+    sim_name = getattr(args, "sim", None)
+    if args.machine and sim_name and args.machine != sim_name:
+        raise ValueError(f"--sim {sim_name} and --machine {args.machine} name different machines; give one")
+    if getattr(args, "sysfs_root", None):
+        raise ValueError("demo runs on a simulated machine: --sysfs-root does not apply (use --machine NAME)")
+    args.machine = args.machine or sim_name or "mi308x"
     out = console()
     was_running = runner.machine(args.machine).is_running()
     sim = runner.start(args.machine)
     pids = []
     try:
         out.rule(f"[bold]simulated {args.machine}[/] (KFD ABI {sim.info.get('abi')}, {sim.kernel_release})")
+        available = sum(1 for _ in read_topology(sim.sysfs_root).for_each_gpu())
         first = 0
-        for role, gpus, queues, sdma, waves, prio in WORKLOADS:
-            pids.append(spawn_workload(args.machine, role, gpus, first, queues, sdma, waves, prio))
+        for role, gpus, queues, sdma, waves, prio in WORKLOADS:   # a machine of fewer GPUs: they share
+            gpus = min(gpus, available)
+            pids.append(spawn_workload(args.machine, role, gpus, first % available, queues, sdma, waves, prio))
             first += gpus
         sim_ctx = Context(SysfsRoot(sim.sysfs_root), sim, sim.kernel_release)
         out.print(f"$ kfdtool --sim {args.machine} topology")

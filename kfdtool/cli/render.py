@@ -6,12 +6,30 @@ import sys
 
 
 
+PIPE_WIDTH = 200      # lines written to a pipe or file, unless COLUMNS says otherwise
+MIN_WIDTH = 20        # a narrower COLUMNS is taken as a mistake: tables would be only edges
+
+
 def console():
     from rich.console import Console       # imported on first use: --json runs never pay for rich
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
+    width = None if _isatty(sys.stdout) else _columns()
     if WIDE:
         width = 1 << 16                          # tables take what they need; the terminal may wrap
     return Console(width=width, soft_wrap=False, highlight=False)
+
+
+def _isatty(stream):
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):                  # closed
+        return False
+
+
+def _columns():
+    """COLUMNS where it is a sensible width, else PIPE_WIDTH (an empty, zero, negative or
+    non-numeric value must not make every table vanish or the command fail)."""
+    text = os.environ.get("COLUMNS", "").strip()
+    return int(text) if text.isdigit() and int(text) >= MIN_WIDTH else PIPE_WIDTH
 
 
 WIDE = False          # --wide: every column, however wide the terminal

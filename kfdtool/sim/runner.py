@@ -239,6 +239,14 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
         if running_abi != abi:
             raise SimulatorError(f"simulated {name} already runs with KFD ABI {running_abi}; "
                                  f"stop it first (`kfdtool sim stop {name}`)")
+        for param, wanted in (params or {}).items():      # as its sysfs shows them now
+            try:
+                now = (Path(sim.sysfs_root) / "module" / "amdgpu" / "parameters" / param).read_text().strip()
+            except OSError:
+                now = None
+            if now != str(wanted):
+                raise SimulatorError(f"simulated {name} already runs with {param}={now}; "
+                                     f"stop it first (`kfdtool sim stop {name}`)")
         return sim
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
