@@ -513,7 +513,7 @@ def test_a_simulator_exits_with_the_process_named_by_kfdtool_sim_exit_with(serve
     assert not srv.socket.exists() and f"pid {owner.pid} exited; stopping" in srv.log()
 
 
-@pytest.mark.parametrize("value,message", [("soon", "invalid int value: 'soon'"),
+@pytest.mark.parametrize("value,message", [("soon", "wants a whole number, got 'soon'"), ("99999999999999999999", "no pid is above"),
                                            ("dead", "cannot watch pid")])
 def test_a_bad_kfdtool_sim_exit_with_is_one_line_at_start(tmp_path, value, message):
     if value == "dead":
@@ -700,3 +700,23 @@ def test_starting_a_machine_that_another_simulator_version_runs_says_to_stop_it(
             runner.start("mi210", realtime=False)
     finally:
         runner.stop("mi210")
+
+
+@pytest.mark.parametrize("module,args,message", [
+    ("kfdtool.sim.server", ["--preset", "mi210", "--param", "x"], "wants NAME=VALUE"),
+    ("kfdtool.sim.server", ["--preset", "mi210", "--param", "cwsr_enable=on"], "cwsr_enable wants an integer"),
+    ("kfdtool.sim.server", ["--preset", "mi210", "--max-connections", "0"], "must be at least 1"),
+    ("kfdtool.sim.server", ["--preset", "mi210", "--dir", "/etc/hostname"], "cannot use /etc/hostname"),
+    ("kfdtool.sim.workload", ["--sim", "nosuch"], "unknown simulated machine 'nosuch'"),
+    ("kfdtool.sim.workload", ["--sim", "vega10"], "simulated vega10 is not running"),
+    ("kfdtool.sim.workload", ["--sim", "mi210", "--vram-gib", "nan"], "must be between 0 and"),
+    ("kfdtool.sim.workload", ["--sim", "mi210", "--first-gpu", "-1"], "must be at least 0"),
+])
+def test_the_simulators_own_entry_points_answer_bad_input_in_one_line(tmp_path, module, args, message):
+    if module.endswith("server") and "--dir" not in args:
+        args = args + ["--dir", str(tmp_path / "m")]
+    env = {**os.environ, "KFDTOOL_SIM_DIR": str(tmp_path / "sims")}    # no machine runs there
+    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=30,
+                            env=env)
+    assert result.returncode != 0 and message in result.stderr.strip().splitlines()[-1], result.stderr
+    assert "Traceback" not in result.stderr

@@ -471,6 +471,32 @@ def test_attach_is_refused_where_lv3_cannot_reach_the_process(setup):
         assert out.returncode == 1 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_new_daemon_releases_processes_attached_to_one_killed_with_sigkill(setup, tmp_path):
+    """kill -9 leaves the attached slots on the board (their daemon wrote them, nothing inside the
+    processes does); the next daemon releases them instead of adopting an attachment it was not
+    asked for, and nothing is suspended."""
+    s = setup
+    s.hp_holds_attached_lp()
+    s.daemon.send_signal(signal.SIGKILL)
+    s.daemon.wait()
+    wait_for(s.lp_running, "the kernel to resume the queues of a dead debugger")
+    assert any(x.pid == s.lp.pid and x.attached for _, x in s.board.slots())
+    env = dict(os.environ)
+    second = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", "mi308x"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([second.stdout], [], [], 20)
+        assert ready and "Lv3 through simulated mi308x" in second.stdout.readline()
+        wait_for(lambda: all(x.pid != s.lp.pid for _, x in s.board.slots()), "the stale attachment to be released")
+        time.sleep(0.2)
+        assert s.lp_running()
+        assert xsched("attach", "--pid", str(s.lp.pid)).returncode == 0      # may be attached again
+    finally:
+        second.send_signal(signal.SIGTERM)
+        _, err = second.communicate(timeout=10)
+    assert "attached to a daemon that is gone" in err and "Traceback" not in err, err
+
+
 def test_a_stopping_daemon_resumes_and_releases_attached_processes(setup):
     s = setup
     s.hp_holds_attached_lp()

@@ -180,6 +180,7 @@ class Daemon(ConnectionLoop):
             signal.signal(signum, signal.SIG_IGN)   # Ctrl-Z would stop us holding queues suspended
         try:
             self._bind()
+            self._release_stale_attachments()
             for _, s in self.board.slots():
                 self._watch_pid(s.pid)
             self.board.set_daemon(os.getpid())
@@ -199,6 +200,15 @@ class Daemon(ConnectionLoop):
                 self._resume_accepting()
         finally:
             self._shut_down()
+
+    def _release_stale_attachments(self):
+        """Slots of processes attached to a daemon that died without releasing them (kill -9):
+        nothing inside those processes keeps them, and `attach` was asked of that daemon, not of
+        this one, so they are released, not adopted (a new `attach` takes them again). We hold the
+        single-instance lock: no other daemon owns them."""
+        for slot, s in self.board.slots():
+            if s.attached and self.board.release(slot, s.pid):
+                self.log(f"pid {s.pid}: attached to a daemon that is gone; released (attach it again to schedule it)")
 
     def _timeout(self):
         """Sleep until a client pokes us, or a pending resume is due, or SCHEDULE_EVERY_S (dead and

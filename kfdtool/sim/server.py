@@ -682,30 +682,60 @@ def _whole_request(inbox):
     return length > MAX_FRAME_BYTES or len(inbox) >= LEN.size + length
 
 
+PID_MAX = 1 << 22                 # the kernel's PID_MAX_LIMIT on 64-bit
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _pid(text):
+    value = _positive(text)
+    if value > PID_MAX:
+        raise argparse.ArgumentTypeError(f"no pid is above {PID_MAX}, got {value}")
+    return value
+
+
+def _param(text):
+    name, sep, value = text.partition("=")
+    if not sep or name not in DEFAULT_PARAMETERS:
+        raise argparse.ArgumentTypeError(f"wants NAME=VALUE with NAME one of {', '.join(DEFAULT_PARAMETERS)}, "
+                                         f"got {text!r}")
+    if isinstance(DEFAULT_PARAMETERS[name], int):
+        try:
+            return name, int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} wants an integer, got {value!r}") from None
+    return name, value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kfdtool.sim.server", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--abi", default="1.23")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", type=_param)
     parser.add_argument("--no-realtime", action="store_true", help="do not sleep for modelled latencies")
     parser.add_argument("--patched-preempt", action="store_true",
                         help="emulate a patched kernel with the non-upstream PREEMPT_QUEUE/RESUME_QUEUE 0x87/0x88")
-    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+    parser.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS, metavar="N",
                         help=f"client connections at once, all users (default {MAX_CONNECTIONS})")
-    parser.add_argument("--max-connections-per-uid", type=int, default=MAX_CONNECTIONS_PER_UID, metavar="N",
+    parser.add_argument("--max-connections-per-uid", type=_positive, default=MAX_CONNECTIONS_PER_UID, metavar="N",
                         help=f"client connections at once, per user (default {MAX_CONNECTIONS_PER_UID})")
-    parser.add_argument("--exit-with", type=int, metavar="PID", default=os.environ.get("KFDTOOL_SIM_EXIT_WITH"),
+    parser.add_argument("--exit-with", type=_pid, metavar="PID", default=os.environ.get("KFDTOOL_SIM_EXIT_WITH"),
                         help="stop when process PID exits (default: $KFDTOOL_SIM_EXIT_WITH; the test suite "
                              "sets it so that a killed run leaves no simulator behind)")
     args = parser.parse_args(argv)
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)    # one pidfd per simulated process
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    params = {}
-    for item in args.param:
-        name, _, value = item.partition("=")
-        params[name] = int(value) if value.lstrip("-").isdigit() else value
+    params = dict(args.param)
     try:
         server = SimServer(args.dir, args.preset, args.abi, params, realtime=not args.no_realtime,
                            patched_preempt=args.patched_preempt, max_connections=args.max_connections,
@@ -713,6 +743,9 @@ def main(argv=None):
     except KeyError as e:
         print(f"kfdtool-sim: {e.args[0]}", file=sys.stderr)
         return 2
+    except OSError as e:                   # --dir: a file, unwritable, ...
+        print(f"kfdtool-sim: cannot use {args.dir}: {e.strerror or e}", file=sys.stderr)
+        return 1
     server.serve()
     return 0
 

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from ..device import KfdDevice
-from ..errors import Error
+from ..errors import Error, SimulatorError
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..topology import read_topology
@@ -20,6 +20,7 @@ from .memory import page_align
 
 GTT = c.KFD_IOC_ALLOC_MEM_FLAGS_GTT | c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
 VRAM = c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM | c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+MAX_VRAM_GIB = 1 << 20          # far above any GPU's memory: the simulator refuses what does not fit
 DEFAULT_RING = 1 << 20          # ROC_AQL_QUEUE_SIZE 16384 packets x 64 bytes
 
 
@@ -107,20 +108,25 @@ def main(argv=None):
     parser.add_argument("--sim", required=True, help="simulated machine name")
     parser.add_argument("--role", default="gpu-worker", help="process name to show")
     parser.add_argument("--gpus", type=int, default=1, help="spread queues over this many GPUs")
-    parser.add_argument("--first-gpu", type=int, default=0, help="index of the first GPU to use")
+    parser.add_argument("--first-gpu", type=_count(0), default=0, help="index of the first GPU to use")
     parser.add_argument("--queues", type=int, default=2, help="compute queues per GPU")
     parser.add_argument("--sdma", type=int, default=0, help="SDMA queues per GPU")
     parser.add_argument("--priority", type=int, default=7)
     parser.add_argument("--waves", type=int, default=512, help="resident waves per compute queue")
-    parser.add_argument("--vram-gib", type=float, default=2.0, help="VRAM to allocate per GPU")
+    parser.add_argument("--vram-gib", type=_gib, default=2.0, help="VRAM to allocate per GPU")
     parser.add_argument("--no-runtime-enable", action="store_true",
                         help="skip RUNTIME_ENABLE (a non-ROCr process: debugger suspend is refused)")
     args = parser.parse_args(argv)
     from . import runner
     set_process_name(args.role)
-    sim = runner.machine(args.sim)
-    kfd = KfdDevice(sim.open_kfd())
-    rt = FakeRuntime(kfd, sim.sysfs_root, runtime_enable=not args.no_runtime_enable)
+    try:
+        sim = runner.machine(args.sim)
+        if not sim.is_running():
+            raise SimulatorError(f"simulated {args.sim} is not running (start it: kfdtool sim start {args.sim})")
+        kfd = KfdDevice(sim.open_kfd())
+        rt = FakeRuntime(kfd, sim.sysfs_root, runtime_enable=not args.no_runtime_enable)
+    except Error as e:
+        parser.exit(1, f"{parser.prog}: {e}\n")
     gpus = [n.gpu_id for n in rt.topology.for_each_gpu()]
     if not 0 < args.gpus <= len(gpus):
         parser.exit(1, f"{parser.prog}: --gpus {args.gpus}: simulated {args.sim} has {len(gpus)} GPUs\n")
@@ -145,6 +151,28 @@ def main(argv=None):
     except ShutDown:                       # SIGUSR1: exit as a program returning from main does
         rt.close()
     return 0
+
+
+def _count(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _gib(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a number of GiB, got {text!r}") from None
+    if not 0 <= value <= MAX_VRAM_GIB:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_VRAM_GIB} GiB, got {text}")
+    return value
 
 
 class ShutDown(Exception):
