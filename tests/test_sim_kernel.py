@@ -273,6 +273,10 @@ def test_suspend_status_words_and_new_queues(client):
     assert ret == 1 and status == [0]     # already suspended counts as success
     ret, status = client.resume([0, 5])
     assert ret == 1 and status == [0, 0x80000005]
+    ret, status = client.suspend([0, 0])  # a repeated id: only its first entry is answered
+    assert ret == 1 and status == [0x0, 0x80000000]     # (q_array_get_index finds the first)
+    ret, status = client.resume([0, 0])
+    assert ret == 1 and status == [0x0, 0x80000000]
     client.dbg("DISABLE")
 
 

@@ -216,7 +216,7 @@ class DbgTrap:
     def suspend_queues(self, caller, target, a, mem):
         args = a.suspend_queues
         ids = self._read_ids(args.queue_array_ptr, args.num_queues, mem)
-        index = {i & ~c.KFD_DBG_QUEUE_INVALID_MASK: n for n, i in enumerate(ids)}
+        index = _first_positions(ids)
         total = 0
         for gpu in target.gpu_ids:
             dev = self.kfd.devices[gpu]
@@ -256,7 +256,7 @@ class DbgTrap:
         return total
 
     def _resume(self, target, ids):
-        index = None if ids is None else {i & ~c.KFD_DBG_QUEUE_INVALID_MASK: n for n, i in enumerate(ids)}
+        index = None if ids is None else _first_positions(ids)
         total = 0
         for gpu in target.gpu_ids:
             dev = self.kfd.devices[gpu]
@@ -315,6 +315,16 @@ class DbgTrap:
             mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
         args.num_devices, args.entry_size = len(devices), copy
         return 0
+
+
+def _first_positions(ids):
+    """queue id -> its position in the caller's array, the first where it repeats
+    (kfd_device_queue_manager.c: q_array_get_index returns the first match, so only that entry's
+    status word is written)."""
+    index = {}
+    for n, i in enumerate(ids):
+        index.setdefault(i & ~c.KFD_DBG_QUEUE_INVALID_MASK, n)
+    return index
 
 
 def _user_queue_type(queue_type):
