@@ -101,7 +101,6 @@ def xsched(*args, env=None, cwd=None):
     (["hint", "--pid", "1", "--priority", "2", "--socket", "/nonexistent.sock"], "no xsched-lv3 daemon"),
     (["hint", "--pid", "1"], "give at least one hint"),
     (["run", "--priority", "1"], "nothing to run"),
-    (["run", "--", "no-such-program-xyz"], "command not found"),
     (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], "between 0 and 100"),
     (["run", "--window-us", "-5", "--", "true"], "--window-us must be >= 0"),
     (["run", "--window-us", "nan", "--", "true"], "--window-us must be >= 0"),
@@ -111,6 +110,17 @@ def test_cli_errors_are_one_line(args, needle):
     result = xsched(*args)
     assert result.returncode == 1 and needle in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_run_answers_a_command_that_cannot_start_as_env_does(tmp_path):
+    """127 for a command not found, 126 for one that cannot be executed (env(1), nice(1), timeout(1))."""
+    missing = xsched("run", "--", "no-such-program-xyz")
+    assert missing.returncode == 127 and missing.stderr.strip() == "xsched-lv3: no-such-program-xyz: command not found"
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    denied = xsched("run", "--", str(script))
+    assert denied.returncode == 126 and "permission denied" in denied.stderr
+    assert len(denied.stderr.strip().splitlines()) == 1
 
 
 def test_cli_hint_through_the_daemon(daemon):

@@ -158,12 +158,15 @@ def cmd_run(args):
         boot = str(Path(__file__).parent / "_boot")
         env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
         env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
+    # as env(1), nice(1) and timeout(1) do: 127 for a command not found, 126 for one that cannot run
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
-        raise ValueError(f"{argv[0]}: command not found") from None
+        print(f"xsched-lv3: {argv[0]}: command not found", file=sys.stderr)
+        return 127
     except PermissionError:
-        raise ValueError(f"{argv[0]}: permission denied (not executable?)") from None
+        print(f"xsched-lv3: {argv[0]}: permission denied (not executable?)", file=sys.stderr)
+        return 126
 
 
 def _finite(value):
