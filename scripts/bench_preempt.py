@@ -66,6 +66,7 @@ def bench_machine(machine_name, rounds):
     status = ctl("status")
     assert status["gpus"][0] == gpu.gpu_id
     rows = []
+    mechanisms = {}
     try:
         waves_max = timing.max_waves(gpu)
         bandwidth = timing.bandwidth(gpu)
@@ -106,13 +107,15 @@ def bench_machine(machine_name, rounds):
                           f"suspend p50 {r['suspend_p50_s'] * 1e6:7.0f} us p99 {r['suspend_p99_s'] * 1e6:7.0f} us | "
                           f"resume p50 {r['resume_p50_s'] * 1e6:7.0f} us | limit {r['physical_limit_s'] * 1e6:6.1f} us",
                           flush=True)
-        for mech in mechanisms.values():
-            mech.close()
         return {"machine": machine_name, "gpu": {"gpu_id": gpu.gpu_id, "gfx": gpu.gfx_name, "cus": gpu.cu_count,
                                                   "xcc": gpu.num_xcc},
                 "bandwidth_bytes_per_s": bandwidth, "bytes_per_wave": per_wave, "ipc_overhead_s": overhead,
                 "rows": rows}
     finally:
+        # before the runtime: turning it off while this process debugs itself would wait for an
+        # answer only this process could give (kfd_chardev.c: runtime_disable)
+        for mech in mechanisms.values():
+            mech.close()
         rt.close()
         kfd.close()
         ctl.close()

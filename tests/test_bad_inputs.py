@@ -11,6 +11,7 @@ import pytest
 from simhelpers import start
 
 U, E = 2, 1          # usage error (argparse), error (one line)
+NOT_FOUND, CANNOT_RUN = 127, 126    # `run`'s command, as env(1) answers (one line too)
 K = ["kfdtool"]
 S = ["kfdtool", "--sim", "mi308x"]
 X = ["xsched-lv3"]
@@ -57,8 +58,8 @@ CASES = [
     *[(K + ["sim", "workload", "mi308x", opt, v], U) for opt in ["--queues", "--sdma"] for v in ["-1", "abc"]],
     (K + ["sim", "workload", "mi308x", "--gpus", "999"], E), (K + ["sim", "workload", "mi308x", "--procs", "100000"], U), (K + ["demo", "--machine", "nosuch"], E),
     # xsched-lv3
-    (X, U), (X + ["bogus"], U), (X + ["run"], E), (X + ["run", "--"], E), (X + ["run", "--", "no-such-program-xyz"], E),
-    (X + ["run", "--", "{tmp}/not-executable"], E),
+    (X, U), (X + ["bogus"], U), (X + ["run"], E), (X + ["run", "--"], E),
+    (X + ["run", "--", "no-such-program-xyz"], NOT_FOUND), (X + ["run", "--", "{tmp}/not-executable"], CANNOT_RUN),
     *[(X + ["run", "--priority", v, "--", "true"], code) for v, code in [("abc", U), ("5000", E), ("-5000", E)]],
     (X + ["run", "--policy", "bogus", "--", "true"], U),
     *[(X + ["run", "--window-us", v, "--", "true"], E) for v in ["-1", "nan", "inf"]],

@@ -410,6 +410,35 @@ def test_a_debugged_process_turning_its_runtime_off_is_resumed_and_waits_for_its
         client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))    # as the other tests expect
 
 
+def test_disable_does_not_wake_a_process_asleep_in_its_runtime_call_and_clears_the_event(client):
+    """kfd_debug.c: kfd_dbg_trap_disable clears every pending exception (kfd_dbg_clean_exception_status)
+    and does not up runtime_enable_sema: a debugger that lets go without answering leaves the
+    process asleep, and the next one finds no event to answer (only SEND_RUNTIME_EVENT wakes it)."""
+    qid = client.rt.create_queue(client.gpus[0])
+    client.enable_debug()
+    returned = threading.Event()
+    t = threading.Thread(target=lambda: (client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0)),
+                                         returned.set()))
+    t.start()
+    try:
+        assert not returned.wait(0.3)
+        client.dbg("DISABLE")
+        assert not returned.wait(0.3)                 # still asleep
+        client.enable_debug()
+        client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=RUNTIME)
+        with pytest.raises(errors.Busy):              # the event went with the old debugger
+            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
+        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        assert returned.wait(5)
+    finally:
+        if not returned.is_set():
+            client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        t.join(5)
+        client.dbg("DISABLE")
+        client.rt.destroy_queue(qid)
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))    # as the other tests expect
+
+
 def test_a_debugged_process_turning_its_runtime_on_waits_for_its_debugger(client):
     """kfd_chardev.c: runtime_enable: a process already debug-enabled raises EC_PROCESS_RUNTIME
     and sleeps until the debugger answers, like runtime_disable."""

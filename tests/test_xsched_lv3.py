@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kfdtool.cwsr.holds import suspended_by
+from kfdtool.ioctls.constants import kfd_dbg_runtime_state
 from kfdtool.sysfs import SysfsRoot
 from simhelpers import start
 from xsched_lv3.board import Board
@@ -207,6 +208,7 @@ class FakeMechanism:
     """Stands in for DebugTrapSuspend: records calls; a suspend "takes" `switch_s` of wall time."""
     calls = []
     runtime_events = set()                # pids whose runtime turned off or on, not yet answered
+    runtime_state = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
 
     def __init__(self, kfd, pid, read_wave_state=True):
         self.pid = pid
@@ -497,6 +499,23 @@ def test_a_new_daemon_releases_processes_attached_to_one_killed_with_sigkill(set
     assert "attached to a daemon that is gone" in err and "Traceback" not in err, err
 
 
+def test_attach_leaves_a_process_whose_gpu_runtime_is_off_at_lv1(setup):
+    """A KFD process whose runtime is off (not a ROCr process, or shutting down) can be debug-enabled
+    but not suspended (SUSPEND_QUEUES is EPERM): the daemon says so and keeps it at Lv1 instead of
+    announcing Lv3 and failing at the first suspend."""
+    worker = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.workload", "--sim", "mi308x", "--role", "no-rocr",
+                               "--queues", "1", "--no-runtime-enable"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().startswith("ready")
+        out = xsched("attach", "--pid", str(worker.pid))
+        assert out.returncode == 1 and "runtime is not on" in out.stderr, out.stderr
+        assert len(out.stderr.splitlines()) == 1
+        assert all(q["debugger"] is None for q in setup.queues(worker))      # let go again
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_a_stopping_daemon_resumes_and_releases_attached_processes(setup):
     s = setup
     s.hp_holds_attached_lp()
@@ -702,3 +721,19 @@ print("launched", flush=True); sys.stdin.readline()
         if hp.poll() is None:
             hp.kill()
             hp.wait()
+
+
+def test_where_sysfs_pids_are_not_ours_the_kfd_process_check_defers_to_enable(tmp_path):
+    """sysfs names KFD processes by host pid; in a container's pid namespace the daemon's own pid is
+    not there, and the check must not keep every client at Lv1."""
+    from xsched_lv3.lv3 import Host
+
+    class Kfd:
+        def close(self):
+            pass
+    procs = tmp_path / "class" / "kfd" / "kfd" / "proc"
+    (procs / "4242").mkdir(parents=True)
+    assert Host(Kfd, sysfs_root=tmp_path).is_kfd_process(999999)      # our own pid is missing: can't tell
+    (procs / str(os.getpid())).mkdir()
+    host = Host(Kfd, sysfs_root=tmp_path)
+    assert host.is_kfd_process(4242) and not host.is_kfd_process(999999)

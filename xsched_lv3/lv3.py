@@ -45,6 +45,7 @@ from kfdtool.cwsr.holds import Hold, ensure_run_dir
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
 from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess
+from kfdtool.ioctls.constants import kfd_dbg_runtime_state
 from kfdtool.pids import stopped
 from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
@@ -52,6 +53,7 @@ from kfdtool.topology import read_topology
 from .policy import shares_device
 
 LV1, LV3 = 1, 3
+RUNTIME_ON = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
 RETRY_ATTACH_S = 0.5           # a client whose GPU is not yet a KFD process: ask again this often
 # An attached process has no gate to say when it is busy: the daemon reads its queues' read and
 # write pointers this often, while it has a lower-priority client to preempt. The detection delay is
@@ -163,6 +165,7 @@ class Host:
         self.kfd, self.no_kfd = None, None
         self.max_level = max_level
         self.kfd_procs = SysfsRoot(sysfs_root).proc     # /sys/class/kfd/kfd/proc: one entry per KFD process
+        self.pids_match = False
         self.grace_period, self.grace_why = MIN_GRACE, ""
         if max_level < LV3:
             self.no_kfd = "Lv1: Lv3 turned off (xsched-lv3 daemon --max-level 1)"
@@ -172,6 +175,9 @@ class Host:
         except (Error, OSError) as e:
             self.no_kfd = f"Lv1: no KFD ({e})"
             return
+        # sysfs names KFD processes by their pid in the host's namespace: where ours is not there
+        # (a container's pid namespace), another process's pid says nothing there either
+        self.pids_match = (self.kfd_procs / str(os.getpid())).is_dir()
         self.params = read_parameters(sysfs_root)
         try:
             self.gpus = list(read_topology(sysfs_root).for_each_gpu())
@@ -183,8 +189,9 @@ class Host:
         """Whether `pid` has a KFD process (opened /dev/kfd): the kernel lists each in sysfs. Asked
         before ENABLE, because ENABLE by a ptrace parent creates one where there is none
         (kfd_chardev.c: kfd_ioctl_set_debug_trap calls kfd_create_process): a process that never
-        touched the GPU would become a KFD process behind its back."""
-        return (self.kfd_procs / str(pid)).is_dir()
+        touched the GPU would become a KFD process behind its back. Where sysfs pids are not ours (a
+        pid namespace) this cannot be told: True, and ENABLE decides (as before this check)."""
+        return not self.pids_match or (self.kfd_procs / str(pid)).is_dir()
 
     def level_for(self, pid):
         """(LV3, why) if the daemon may preempt `pid` through KFD here, else (LV1, why)."""
@@ -404,6 +411,13 @@ class Lv3Engine:
             if e.errno == errno.ENODEV:
                 return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
             return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
+        state = c.mech.runtime_state
+        if state != RUNTIME_ON:
+            # its GPU runtime is off (shutting down, or not up yet) or failed to take the debugger:
+            # SUSPEND_QUEUES would be EPERM, so its gate keeps gating until it is on
+            self._release(c)
+            state = state.name.removeprefix("DEBUG_RUNTIME_STATE_").lower()
+            return self._stay_lv1(c, f"Lv1: its GPU runtime is not on ({state})", final=False, now=now)
         c.level, c.why = LV3, why
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV3)      # announced: its gate stops gating

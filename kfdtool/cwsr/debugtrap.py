@@ -10,6 +10,7 @@ kernel runs DISABLE for us if this process dies, kill -9 included.
 import ctypes
 import errno
 import os
+import weakref
 
 from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess, NotSupported
 from ..ioctls import constants as c
@@ -87,6 +88,8 @@ class DebugTrapSuspend(Mechanism):
                 os.close(fd)
             raise
         self._events = events
+        # closed by close(); also if this object is dropped without it (a caller's error path)
+        self._close_events = weakref.finalize(self, _close_fds, events)
         self._enabled = True
         self.runtime_state = c.kfd_dbg_runtime_state(info.runtime_state)
 
@@ -277,9 +280,14 @@ class DebugTrapSuspend(Mechanism):
                     raise
             finally:
                 self._held.clear()
-                for fd in self._events or ():
-                    os.close(fd)
-                self._events = None
+                if self._events is not None:
+                    self._close_events()
+                    self._events = None
+
+
+def _close_fds(fds):
+    for fd in fds:
+        os.close(fd)
 
 
 class _attached:

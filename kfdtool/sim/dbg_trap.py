@@ -143,9 +143,14 @@ class DbgTrap:
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
         target is deactivated (kfd_dbg_trap_deactivate: the CU workaround goes); one whose
-        activation failed is set back to ENABLED for the next debugger. A target sleeping in
-        RUNTIME_ENABLE stays asleep: only SEND_RUNTIME_EVENT wakes it."""
+        activation failed is set back to ENABLED for the next debugger. Every pending exception
+        is cleared (kfd_dbg_clean_exception_status: process, device and queue bits, EC_QUEUE_NEW
+        and EC_PROCESS_RUNTIME included), so a target sleeping in RUNTIME_ENABLE stays asleep with
+        nothing left for a next debugger to see: only SEND_RUNTIME_EVENT wakes it."""
         self._resume(target, None)
+        target.exception_status = 0
+        for q in target.queues.values():
+            q.exception_status = 0
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
             for q in target.queues.values():
                 q.is_dbg_wa = False

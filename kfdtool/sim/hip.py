@@ -130,6 +130,11 @@ class SimHipRuntime:
             stream.qid = None
 
 
+# The GPU runtime is per process (ROCr's): pid -> (SimHips open, whether one of them turned it on)
+_process_runtime = {}
+_process_runtime_lock = threading.Lock()
+
+
 class SimHip(SimHipRuntime):
     """This process as a HIP program on the running simulated machine `machine_name`: opens its
     KFD (RUNTIME_ENABLE, as ROCr does at init) and numbers its GPUs in topology order."""
@@ -149,9 +154,12 @@ class SimHip(SimHipRuntime):
         runtime = FakeRuntime(self._kfd, sim.sysfs_root, runtime_enable=False)
         try:
             self._kfd.ioctl("RUNTIME_ENABLE", kfd_ioctl_runtime_enable_args(0, KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
-            runtime.runtime_enabled = True     # close() turns it off, as hsa_shut_down does
+            enabled = True
         except Busy:           # a second SimHip in one process: the process is runtime-enabled once
-            pass
+            enabled = False
+        with _process_runtime_lock:
+            users, ours = _process_runtime.get(os.getpid(), (0, False))
+            _process_runtime[os.getpid()] = (users + 1, ours or enabled)
         super().__init__(runtime, max_hw_queues)
         self.gpus = [node.gpu_id for node in self.rt.topology.for_each_gpu()]
         self._streams = 0
@@ -183,6 +191,11 @@ class SimHip(SimHipRuntime):
                 return
             self._closed = True
             self.pools.clear()
+        with _process_runtime_lock:
+            users, ours = _process_runtime.get(os.getpid(), (1, False))
+            _process_runtime[os.getpid()] = (users - 1, ours)
+        # the last SimHip of a process whose runtime a SimHip turned on turns it off (hsa_shut_down)
+        self.rt.runtime_enabled = users == 1 and ours
         self.rt.close()
         self._kfd.close()
 

@@ -142,8 +142,8 @@ def main(argv=None):
         parser.exit(1, f"{parser.prog}: {e}\n")
     with sim.control() as ctl:
         ctl("set_waves", pid=os.getpid(), waves=args.waves)
+    signal.signal(signal.SIGUSR1, _shut_down)     # before "ready": whoever reads it may signal at once
     print(f"ready {os.getpid()}", flush=True)
-    signal.signal(signal.SIGUSR1, _shut_down)
     try:
         kfd.backend.sock.recv(1)           # until the simulator goes away or we are killed, or:
     except OSError:

@@ -4,6 +4,10 @@ interrupt/restore suspend and resume those queues through DBG_TRAP (waves saved 
 The same code runs against the simulated KFD (CI) and /dev/kfd (ROCm hosts, untested here: no AMD
 GPU). Where the mapped queue is shared with other streams (HIP pools 4 queues per priority by
 default), interrupting it stops them all: `shared_with` says so.
+
+Close it before the process's GPU runtime shuts down: this process debugs itself, and a debugged
+process turning its runtime off waits for its debugger's answer (kfd_chardev.c: runtime_disable),
+which only this object would give (DebugTrapSuspend.close answers it).
 """
 import os
 
