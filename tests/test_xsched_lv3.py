@@ -315,6 +315,27 @@ def test_a_client_whose_runtime_turns_off_is_answered_and_given_back_to_its_gate
     engine.close()
 
 
+def test_a_kernel_that_admits_only_the_ptrace_parent_leaves_clients_at_lv1_for_good(fake_engine, monkeypatch):
+    """Kernels without Linux 7.2's debugger_process clause answer the daemon's calls after its short
+    ptrace window with EPERM: seen at attach (the queue snapshot), the client stays at Lv1 with
+    that reason, once, instead of flapping between Lv3 and failed suspends."""
+    from kfdtool import errors
+    board, make_engine, hp_proc, lp_proc = fake_engine
+
+    def refused(self, clear_new=True):
+        FakeMechanism.calls.append(("snapshot", self.pid))
+        raise errors.PermissionDenied("DBG_TRAP", 1, "not the ptrace parent", op="GET_QUEUE_SNAPSHOT")
+    monkeypatch.setattr(FakeMechanism, "queues", refused)
+    board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    for t in range(5):
+        engine.sync(now=100.0 + t)
+    assert board.read_slot(lp).level == 1 and "ptrace parent" in engine.describe(lp)["why"]
+    assert FakeMechanism.calls == [("snapshot", lp_proc.pid), ("close", lp_proc.pid)]     # asked once
+    engine.close()
+
+
 def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engine, tmp_path):
     """`daemon --trace`: each suspend says how long after the activation it serves it started (the
     daemon's wake-up lag), counted from a client above it on its GPU, not from one on another GPU."""

@@ -44,7 +44,7 @@ from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
 from kfdtool.cwsr.holds import Hold, ensure_run_dir
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
-from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess
+from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, PermissionDenied
 from kfdtool.ioctls.constants import kfd_dbg_runtime_state
 from kfdtool.pids import stopped
 from kfdtool.sysfs import SysfsRoot
@@ -418,6 +418,19 @@ class Lv3Engine:
             self._release(c)
             state = state.name.removeprefix("DEBUG_RUNTIME_STATE_").lower()
             return self._stay_lv1(c, f"Lv1: its GPU runtime is not on ({state})", final=False, now=now)
+        try:
+            # its queue list now, not on the first suspend's path; and the proof that this kernel lets
+            # the process that did ENABLE call it once it is no longer the ptrace parent (Linux 7.2's
+            # kfd_ioctl_set_debug_trap admits target->debugger_process; kernels without that clause
+            # answer every op but DISABLE with EPERM, and we keep no ptrace attachment)
+            c.mech.queues()
+        except PermissionDenied:
+            self._release(c)
+            return self._stay_lv1(c, "Lv1: this kernel lets only the ptrace parent use the debugger API on another "
+                                     "process (the daemon keeps no ptrace attachment)")
+        except Error as e:
+            self._release(c)
+            return self._stay_lv1(c, f"Lv1: queue snapshot failed ({e})", final=False, now=now)
         c.level, c.why = LV3, why
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV3)      # announced: its gate stops gating
