@@ -394,8 +394,7 @@ class Lv3Engine:
         if level < LV3:
             return self._stay_lv1(c, why)
         if not self.host.is_kfd_process(c.pid):
-            return self._stay_lv1(c, "Lv1: not a KFD process yet" if q is not None else
-                                  "Lv1: not a KFD process (it has not opened /dev/kfd)", final=False, now=now)
+            return self._stay_lv1(c, _not_kfd_process(q), final=False, now=now)
         try:
             c.mech = DebugTrapSuspend(self.host.kfd, c.pid, read_wave_state=False)
         except AttachDenied as e:
@@ -405,9 +404,8 @@ class Lv3Engine:
         except NoSuchProcess:
             return self._stay_lv1(c, f"Lv1: pid {c.pid} is gone", final=False, now=now)
         except KfdIoctlError as e:
-            if e.errno == errno.ESRCH:      # not a KFD process (yet): its runtime has not opened /dev/kfd
-                return self._stay_lv1(c, "Lv1: not a KFD process yet" if q is not None else
-                                      "Lv1: not a KFD process (it has not opened /dev/kfd)", final=False, now=now)
+            if e.errno == errno.ESRCH:      # it became no KFD process meanwhile, or the check could not tell
+                return self._stay_lv1(c, _not_kfd_process(q), final=False, now=now)
             if e.errno == errno.ENODEV:
                 return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
             return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
@@ -555,6 +553,12 @@ def _latest_activation(states, run, device):
     return max((q.ready_since for q in states
                 if q.ready and q.id in run and q.ready_since and shares_device(q.device, device)),
                default=None)
+
+
+def _not_kfd_process(q):
+    """Why a client is not at Lv3 while it has no KFD process: a `run` client (`q`, on the board)
+    whose runtime has not opened /dev/kfd yet, or an attached process that never did."""
+    return "Lv1: not a KFD process yet" if q is not None else "Lv1: not a KFD process (it has not opened /dev/kfd)"
 
 
 def _owner(pid):
