@@ -1,5 +1,6 @@
 """The simulated KFD against the semantics in kfd-abi.md, through the same KfdDevice seam that
 real hardware uses. The test process itself is the GPU process."""
+import contextlib
 import ctypes
 import errno
 import json
@@ -367,6 +368,26 @@ def test_destroy_of_suspended_queue_blocks_until_resume(client):
 
 
 RUNTIME = c.KFD_EC_MASK(c.EC_PROCESS_RUNTIME)
+RUNTIME_OFF, RUNTIME_ON = 0, c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK
+
+
+@contextlib.contextmanager
+def runtime_call_on_a_thread(client, mode):
+    """RUNTIME_ENABLE(mode) from a thread of this process; yields the Event set once it returns.
+    Never leaves the thread asleep in the server: answered at the end if it still sleeps."""
+    returned = threading.Event()
+
+    def call():
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, mode, 0))
+        returned.set()
+    t = threading.Thread(target=call)
+    t.start()
+    try:
+        yield returned
+    finally:
+        if not returned.is_set():
+            client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+        t.join(5)
 
 
 def test_a_debugged_process_turning_its_runtime_off_is_resumed_and_waits_for_its_debugger(client):
@@ -382,80 +403,57 @@ def test_a_debugged_process_turning_its_runtime_off_is_resumed_and_waits_for_its
     client.snapshot()
     client.suspend([qid])
     assert client.queues()[qid]["suspended"]
-    returned = threading.Event()
-
-    def runtime_off():
-        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))
-        returned.set()
-    t = threading.Thread(target=runtime_off)
-    t.start()
     try:
-        assert not returned.wait(0.3)                 # asleep in the kernel
-        assert not client.queues()[qid]["suspended"]  # the deactivation resumed it
-        _, args = client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
-        event = args.query_debug_event
-        assert event.exception_mask & RUNTIME and (event.queue_id, event.gpu_id) == (0, 0)
-        with pytest.raises(errors.Busy):              # reported once: the query cleared it
-            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
-        with pytest.raises(errors.PermissionDenied):  # its runtime is off: no more suspends
-            client.suspend([qid])
-        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        assert returned.wait(5)
-    finally:
-        if not returned.is_set():                     # never leave the thread asleep in the server
+        with runtime_call_on_a_thread(client, RUNTIME_OFF) as returned:
+            assert not returned.wait(0.3)                 # asleep in the kernel
+            assert not client.queues()[qid]["suspended"]  # the deactivation resumed it
+            _, args = client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
+            event = args.query_debug_event
+            assert event.exception_mask & RUNTIME and (event.queue_id, event.gpu_id) == (0, 0)
+            with pytest.raises(errors.Busy):              # reported once: the query cleared it
+                client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
+            with pytest.raises(errors.PermissionDenied):  # its runtime is off: no more suspends
+                client.suspend([qid])
             client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        t.join(5)
+            assert returned.wait(5)
+    finally:
         client.dbg("DISABLE")
         client.rt.destroy_queue(qid)
-        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))    # as the other tests expect
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, RUNTIME_ON, 0))   # as other tests expect
 
 
 def test_disable_does_not_wake_a_process_asleep_in_its_runtime_call_and_clears_the_event(client):
     """kfd_debug.c: kfd_dbg_trap_disable clears every pending exception (kfd_dbg_clean_exception_status)
     and does not up runtime_enable_sema: a debugger that lets go without answering leaves the
     process asleep, and the next one finds no event to answer (only SEND_RUNTIME_EVENT wakes it)."""
-    qid = client.rt.create_queue(client.gpus[0])
     client.enable_debug()
-    returned = threading.Event()
-    t = threading.Thread(target=lambda: (client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0)),
-                                         returned.set()))
-    t.start()
     try:
-        assert not returned.wait(0.3)
-        client.dbg("DISABLE")
-        assert not returned.wait(0.3)                 # still asleep
-        client.enable_debug()
-        client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=RUNTIME)
-        with pytest.raises(errors.Busy):              # the event went with the old debugger
-            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
-        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        assert returned.wait(5)
-    finally:
-        if not returned.is_set():
+        with runtime_call_on_a_thread(client, RUNTIME_OFF) as returned:
+            assert not returned.wait(0.3)
+            client.dbg("DISABLE")
+            assert not returned.wait(0.3)                 # still asleep
+            client.enable_debug()
+            client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=RUNTIME)
+            with pytest.raises(errors.Busy):              # the event went with the old debugger
+                client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME)
             client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        t.join(5)
+            assert returned.wait(5)
+    finally:
         client.dbg("DISABLE")
-        client.rt.destroy_queue(qid)
-        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0))    # as the other tests expect
+        client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, RUNTIME_ON, 0))   # as other tests expect
 
 
 def test_a_debugged_process_turning_its_runtime_on_waits_for_its_debugger(client):
     """kfd_chardev.c: runtime_enable: a process already debug-enabled raises EC_PROCESS_RUNTIME
     and sleeps until the debugger answers, like runtime_disable."""
-    client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))    # not debugged: returns
+    client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, RUNTIME_OFF, 0))   # not debugged: returns
     client.enable_debug()
-    returned = threading.Event()
-    t = threading.Thread(target=lambda: (client.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 1, 0)),
-                                         returned.set()))
-    t.start()
     try:
-        assert not returned.wait(0.3)
-        client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        assert returned.wait(5)
-    finally:
-        if not returned.is_set():
+        with runtime_call_on_a_thread(client, RUNTIME_ON) as returned:
+            assert not returned.wait(0.3)
             client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
-        t.join(5)
+            assert returned.wait(5)
+    finally:
         client.dbg("DISABLE")
 
 
