@@ -45,8 +45,11 @@ class TorchRecorder:
         self._reusable = []
         self._streams = {}                     # (stream id, device index, device type) -> torch.cuda.Stream
         c = getattr(torch, "_C", None)
+        # the private calls behind torch.cuda.current_stream(), where this torch has both
         self._current_stream_key = getattr(c, "_cuda_getCurrentStream", None)
         self._current_device = getattr(c, "_cuda_getDevice", None)
+        if self._current_device is None:
+            self._current_stream_key = None
 
     def record(self):
         """Sync points and request completions wait by spinning (the event's default): a blocking
@@ -72,7 +75,7 @@ class TorchRecorder:
         if self._current_stream_key is not None:
             try:
                 key = self._current_stream_key(self._current_device())
-            except (AttributeError, RuntimeError, TypeError):   # another torch's private API: the public one
+            except (RuntimeError, TypeError):      # another torch's private API: the public one from now on
                 self._current_stream_key = None
             else:
                 stream = self._streams.get(key)

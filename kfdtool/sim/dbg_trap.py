@@ -50,15 +50,13 @@ class DbgTrap:
     def _wait_for_debugger(proc):
         """down_interruptible(&p->runtime_enable_sema): sleeps until SEND_RUNTIME_EVENT ups it, or
         the process exits."""
-        if proc.runtime_sema:
-            proc.runtime_sema -= 1
-            return 0
-
-        def finish():
+        def take():
             if proc.runtime_sema:
                 proc.runtime_sema -= 1
             return 0
-        raise Blocked(ready=lambda: proc.runtime_sema > 0 or not proc.alive, finish=finish)
+        if proc.runtime_sema:
+            return take()
+        raise Blocked(ready=lambda: proc.runtime_sema > 0 or not proc.alive, finish=take)
 
     # --- DBG_TRAP ---------------------------------------------------------------------------------
     def dbg_trap(self, caller, a, mem, uid):

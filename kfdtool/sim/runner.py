@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import SimulatorError
+from ..sysfs import SysfsRoot
 from .control import SimControl
 from .machine import PRESETS, PROFILES, find_preset, find_profile, materialize
 from .protocol import PROTOCOL
@@ -241,7 +242,7 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
                                  f"stop it first (`kfdtool sim stop {name}`)")
         for param, wanted in (params or {}).items():      # as its sysfs shows them now
             try:
-                now = (Path(sim.sysfs_root) / "module" / "amdgpu" / "parameters" / param).read_text().strip()
+                now = (SysfsRoot(sim.sysfs_root).amdgpu_parameters / param).read_text().strip()
             except OSError:
                 now = None
             if now != str(wanted):
