@@ -251,7 +251,7 @@ def fake_engine(tmp_path, monkeypatch):
     FakeMechanism.runtime_events = set()
 
     class Host:
-        kfd, grace_period = object(), 1
+        kfd, grace_period, lost = object(), 1, False
 
         def level_for(self, pid):
             return lv3.LV3, "Lv3: fake"
@@ -758,3 +758,70 @@ def test_where_sysfs_pids_are_not_ours_the_kfd_process_check_defers_to_enable(tm
     (procs / str(os.getpid())).mkdir()
     host = Host(Kfd, sysfs_root=tmp_path)
     assert host.is_kfd_process(4242) and not host.is_kfd_process(999999)
+
+
+def test_a_restarted_simulator_is_reconnected_and_its_new_processes_reach_lv3(setup, tmp_path):
+    """`kfdtool sim stop` + `start` under a running daemon: the daemon's connection to the old server
+    is dead (its calls fail with a broken pipe), so it opens the new one and takes the new processes
+    to Lv3, instead of leaving every later client at Lv1 until it is restarted."""
+    s = setup
+    for proc in (s.hp, s.lp):
+        proc.kill()
+        proc.wait()
+    from kfdtool.sim import runner
+    runner.stop("mi308x")
+    sim = start("mi308x")
+    env = dict(os.environ)
+    workers = []
+    try:
+        for role in ("hp-serve", "lp-train"):
+            proc = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.workload", "--sim", "mi308x", "--role", role,
+                                     "--queues", "2", "--waves", "200"], stdout=subprocess.PIPE, text=True, env=env)
+            assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
+            workers.append(proc)
+        s.sim, s.ctl = sim, sim.control()
+        s.hp, s.lp = workers
+        hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+        wait_for(lambda: s.board.read_slot(lp).level == 3, "the new LP to reach Lv3", timeout=10,
+                 why=lambda: s.status(s.lp)["why"])
+        s.set_active(hp, True)
+        wait_for(s.lp_suspended, "the new LP's queues to be suspended")
+        s.set_active(hp, False)
+        wait_for(s.lp_running, "resume")
+        assert s.daemon.poll() is None
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_host_whose_simulated_kfd_is_gone_says_so_until_it_is_back(tmp_path):
+    """Host.reopen: a connection that fails is opened again; while nothing answers, Lv1 with the
+    reason (and asked again later), not a final verdict."""
+    from kfdtool.errors import SimulatorError
+    from xsched_lv3.lv3 import Host
+
+    class Kfd:
+        def __init__(self):
+            self.alive, self.closed = True, False
+
+        def ioctl(self, name, arg):
+            if not self.alive:
+                raise SimulatorError("simulated KFD server went away: [Errno 32] Broken pipe")
+
+        def close(self):
+            self.closed = True
+    opened, server_up = [], [True]
+
+    def open_kfd():
+        if not server_up[0]:
+            raise SimulatorError("simulated mi308x is not running")
+        opened.append(Kfd())
+        return opened[-1]
+    host = Host(open_kfd, sysfs_root=tmp_path)
+    assert host.reopen() and len(opened) == 1          # it answers: nothing reopened
+    opened[0].alive, server_up[0] = False, False
+    assert not host.reopen() and host.lost and opened[0].closed
+    assert host.no_kfd == "Lv1: the simulated KFD went away (simulated mi308x is not running)"
+    server_up[0] = True
+    assert host.reopen() and not host.lost and host.no_kfd is None and host.kfd is opened[1]

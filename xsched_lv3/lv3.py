@@ -44,8 +44,10 @@ from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
 from kfdtool.cwsr.holds import Hold, ensure_run_dir
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
-from kfdtool.errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, PermissionDenied
+from kfdtool.errors import (AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, PermissionDenied,
+                            SimulatorError)
 from kfdtool.ioctls.constants import kfd_dbg_runtime_state
+from kfdtool.ioctls.structs import kfd_ioctl_get_version_args
 from kfdtool.pids import stopped
 from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
@@ -167,23 +169,49 @@ class Host:
         self.kfd_procs = SysfsRoot(sysfs_root).proc     # /sys/class/kfd/kfd/proc: one entry per KFD process
         self.pids_match = False
         self.grace_period, self.grace_why = MIN_GRACE, ""
+        self.lost = False                               # the KFD went away (a stopped simulator) and is not back
+        self._open_kfd, self._sysfs_root = open_kfd, sysfs_root
         if max_level < LV3:
             self.no_kfd = "Lv1: Lv3 turned off (xsched-lv3 daemon --max-level 1)"
             return
         try:
-            self.kfd = open_kfd()
+            self._open()
         except (Error, OSError) as e:
             self.no_kfd = f"Lv1: no KFD ({e})"
-            return
+
+    def _open(self):
+        self.kfd = self._open_kfd()
         # sysfs names KFD processes by their pid in the host's namespace: where ours is not there
         # (a container's pid namespace), another process's pid says nothing there either
         self.pids_match = (self.kfd_procs / str(os.getpid())).is_dir()
-        self.params = read_parameters(sysfs_root)
+        self.params = read_parameters(self._sysfs_root)
         try:
-            self.gpus = list(read_topology(sysfs_root).for_each_gpu())
+            self.gpus = list(read_topology(self._sysfs_root).for_each_gpu())
         except Error:
             self.gpus = []
         self.grace_period, self.grace_why = grace_period_for(self.gpus[0] if self.gpus else None)
+
+    def reopen(self):
+        """After a call failed with SimulatorError: only a simulated KFD's connection can go (its server
+        was stopped, perhaps started again). Open it again if it is gone (the first failing client
+        does; the others find it answering). True if a KFD answers now; while none does, every
+        client is at Lv1 with the reason and asked again later."""
+        if self.kfd is not None and not self.lost:
+            try:
+                self.kfd.ioctl("GET_VERSION", kfd_ioctl_get_version_args())
+                return True
+            except SimulatorError:
+                pass
+        if self.kfd is not None:
+            self.kfd.close()
+            self.kfd = None
+        try:
+            self._open()
+        except (Error, OSError) as e:
+            self.lost, self.no_kfd = True, f"Lv1: the simulated KFD went away ({e})"
+            return False
+        self.lost, self.no_kfd = False, None
+        return True
 
     def is_kfd_process(self, pid):
         """Whether `pid` has a KFD process (opened /dev/kfd): the kernel lists each in sysfs. Asked
@@ -382,6 +410,8 @@ class Lv3Engine:
         """`q`: the client's state on the board; None for an attached process (its GPU is in use)."""
         if now < c.retry_at:                # inf: decided for good
             return
+        if self.host.lost and not self.host.reopen():
+            return self._stay_lv1(c, self.host.no_kfd, final=False, now=now)
         if clients_in_process > 1:
             return self._stay_lv1(c, f"Lv1: one of {clients_in_process} clients in pid {c.pid} "
                                      "(KFD queues belong to the process, not to a thread)", final=False, now=now)
@@ -397,6 +427,8 @@ class Lv3Engine:
             return self._stay_lv1(c, _not_kfd_process(q), final=False, now=now)
         try:
             c.mech = DebugTrapSuspend(self.host.kfd, c.pid, read_wave_state=False)
+        except SimulatorError as e:
+            return self._kfd_gone(c, e, now)
         except AttachDenied as e:
             return self._stay_lv1(c, f"Lv1: ptrace refused ({e})")
         except AlreadyDebugged:
@@ -422,6 +454,9 @@ class Lv3Engine:
             # kfd_ioctl_set_debug_trap admits target->debugger_process; kernels without that clause
             # answer every op but DISABLE with EPERM, and we keep no ptrace attachment)
             c.mech.queues()
+        except SimulatorError as e:
+            self._release(c)
+            return self._kfd_gone(c, e, now)
         except PermissionDenied:
             self._release(c)
             return self._stay_lv1(c, "Lv1: this kernel lets only the ptrace parent use the debugger API on another "
@@ -433,6 +468,14 @@ class Lv3Engine:
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV3)      # announced: its gate stops gating
         self.log(f"pid {c.pid}: {why}")
+
+    def _kfd_gone(self, c, error, now):
+        """The simulated KFD's server went away under a call: open it again, and attach at once if
+        it answers (the next sync: this client's process may be one of the new server's)."""
+        reopened = self.host.reopen()
+        self._stay_lv1(c, f"Lv1: the simulated KFD went away ({error})", final=False, now=now)
+        if reopened:
+            c.retry_at = now
 
     def _stay_lv1(self, c, why, final=True, now=0.0):
         if why != c.why:
@@ -483,6 +526,8 @@ class Lv3Engine:
         if not isinstance(error, Error):
             raise error                     # a bug, not the kernel's answer: the daemon stops Lv3
         self._lost(c, f"{what} failed ({error})")
+        if isinstance(error, SimulatorError):
+            self.host.reopen()              # its server was stopped: its processes went with it
 
     def _resumed(self, c):
         if c.suspended_at is not None:

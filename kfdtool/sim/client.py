@@ -198,9 +198,10 @@ class SimBackend:
                 regions.append((addr, data))
         raw = bytes(arg)[:ioctl_opt.IOC_SIZE(request)]
         self._channel().collect()             # posted doorbells first: their replies come before ours
-        self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions)) + raw
-                                + pack_regions(regions)))
         try:
+            # a server that stopped: no errno of a real ioctl says that (EPIPE would pass for the kernel's)
+            self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions)) + raw
+                                    + pack_regions(regions)))
             reply, fds = recv_frame(self.sock, with_fds=True)
         except OSError as e:
             raise SimulatorError(f"simulated KFD server went away: {e}") from None
