@@ -97,19 +97,22 @@ def xsched(*args, env=None, cwd=None):
                           env=env or os.environ, timeout=30, cwd=cwd)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["hint", "--pid", "1", "--priority", "2", "--socket", "/nonexistent.sock"], "no xsched-lv3 daemon"),
-    (["hint", "--pid", "1"], "give at least one hint"),
-    (["run", "--priority", "1"], "nothing to run"),
-    (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], "between 0 and 100"),
-    (["run", "--window-us", "-5", "--", "true"], "--window-us must be >= 0"),
-    (["run", "--window-us", "nan", "--", "true"], "--window-us must be >= 0"),
-    (["run", "--window-us", "inf", "--", "true"], "--window-us must be >= 0 and finite"),
+@pytest.mark.parametrize("args,code,needle", [
+    (["hint", "--pid", "1", "--priority", "2", "--socket", "/nonexistent.sock"], 1, "no xsched-lv3 daemon"),
+    (["hint", "--pid", "1"], 2, "give at least one hint"),
+    (["run", "--priority", "1"], 2, "nothing to run"),
+    (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], 2, "between 0 and 100"),
+    (["run", "--window-us", "-5", "--", "true"], 2, "argument --window-us: must be >= 0"),
+    (["run", "--window-us", "nan", "--", "true"], 2, "argument --window-us: must be >= 0"),
+    (["run", "--window-us", "inf", "--", "true"], 2, "argument --window-us: must be >= 0 and finite"),
 ])
-def test_cli_errors_are_one_line(args, needle):
+def test_cli_errors_are_one_line(args, code, needle):
+    """A failure is one line (exit 1); a command held wrong, value out of range included, is a usage
+    error (exit 2, argparse's usage and its `error:` line last), as for a value argparse cannot parse."""
     result = xsched(*args)
-    assert result.returncode == 1 and needle in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code and needle in lines[-1] and "Traceback" not in result.stderr
+    assert len(lines) == 1 if code == 1 else "error:" in lines[-1]
 
 
 def test_run_answers_a_command_that_cannot_start_as_env_does(tmp_path):

@@ -27,6 +27,47 @@ EPILOG = """examples:
 """
 
 
+class UsageError(ValueError):
+    """The command was held wrong: exit 2 with argparse's `error:` line, as for a value argparse refuses."""
+
+
+def _checked(check, parse=float):
+    """An argparse type: the text parsed, then `check` (which raises ValueError with its reason)
+    applied, so that an out-of-range value is a usage error (exit 2) like an unparsable one."""
+    def convert(text):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants {'a whole number' if parse is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            return check(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def _hint_arg(name):
+    return _checked(lambda value: check_hint(name, value), HINTS[name])
+
+
+def _window_us(value):
+    if not 0 <= value < float("inf"):
+        raise ValueError("must be >= 0 and finite (0: unbounded)")
+    return value
+
+
+def _latency_slack(value):
+    Protection(value)                      # its one check: a clear line here, not at `import torch`
+    return value
+
+
+def _attached_poll_ms(value):
+    if not 0.05 <= value <= 10_000:
+        raise ValueError("must be between 0.05 and 10000")
+    return value
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="xsched-lv3", description="Preemptive GPU scheduling (XSched-style, Lv1/Lv3).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,7 +77,7 @@ def build_parser():
     d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
                    help="3 (default): suspend lower-priority clients' KFD queues where the host allows "
                         "(Lv3), else their gates hold them (Lv1); 1: gates only")
-    d.add_argument("--attached-poll-ms", type=float, metavar="MS",
+    d.add_argument("--attached-poll-ms", type=_checked(_attached_poll_ms), metavar="MS",
                    help="how often an attached process's queue pointers are read to see it busy "
                         "(default 1, lv3.ATTACHED_POLL_S; see README)")
     d.add_argument("--trace", metavar="FILE", type=argparse.FileType("a"),
@@ -52,20 +93,20 @@ def build_parser():
                        description="Run a Python program with its PyTorch work scheduled: hooked at `import "
                                    "torch`, no code changes. A program that never imports torch (or is not "
                                    "Python) runs unscheduled and does not appear in `status`.")
-    r.add_argument("--priority", type=int, default=0,
+    r.add_argument("--priority", type=_hint_arg("priority"), default=0,
                    help="higher runs first; a client with nobody above it on its GPU is never held (default 0)")
     r.add_argument("--policy", choices=list(POLICIES), default="hpf",
                    help="hpf: highest priority first (default); a running daemon's policy wins")
-    r.add_argument("--window-us", type=float, default=None,
+    r.add_argument("--window-us", type=_checked(_window_us), default=None,
                    help=f"most GPU time this client leaves in flight while a higher-priority one shares its GPU "
                         f"(default {DEFAULT_WINDOW_US:g}; 0: unbounded)")
-    r.add_argument("--latency-slack", type=float, default=None, metavar="FRACTION",
+    r.add_argument("--latency-slack", type=_checked(_latency_slack), default=None, metavar="FRACTION",
                    help="hold lower-priority clients only while they cost this client's latency more than this "
                         f"fraction of its P99, judged from its own requests (default {DEFAULT_LATENCY_SLACK:g}; "
                         "0: hold them for every request, strict priority)")
-    r.add_argument("--utilization", type=float, help="--policy bandwidth: this client's share of the GPU, percent")
-    r.add_argument("--deadline-us", type=float, help="--policy kedf: deadline of a request, from its start")
-    r.add_argument("--laxity-us", type=float, help="--policy laxity: raise to critical priority after this long")
+    r.add_argument("--utilization", type=_hint_arg("utilization"), help="--policy bandwidth: this client's share of the GPU, percent")
+    r.add_argument("--deadline-us", type=_hint_arg("deadline_us"), help="--policy kedf: deadline of a request, from its start")
+    r.add_argument("--laxity-us", type=_hint_arg("laxity_us"), help="--policy laxity: raise to critical priority after this long")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(run=cmd_run)
     a = sub.add_parser("attach", help="schedule a running process without `run` (Lv3 only: KFD queue suspend)",
@@ -77,7 +118,7 @@ def build_parser():
                        epilog="examples:\n  xsched-lv3 attach --pid 4242 --priority 0 --device 24248\n"
                               "  xsched-lv3 detach --pid 4242", formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--pid", type=int, required=True)
-    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("--priority", type=_hint_arg("priority"), default=0)
     a.add_argument("--device", type=int, metavar="GPU_ID",
                    help="the KFD gpu_id its work runs on (default: counts on every GPU)")
     a.add_argument("--socket")
@@ -93,7 +134,7 @@ def build_parser():
     h = sub.add_parser("hint", help="change a scheduled process's hints (root or its owner)")
     h.add_argument("--pid", type=int, required=True)
     for name in HINTS:
-        h.add_argument("--" + name.replace("_", "-"), dest=name)
+        h.add_argument("--" + name.replace("_", "-"), dest=name, type=_hint_arg(name))
     h.add_argument("--socket")
     h.set_defaults(run=cmd_hint)
     return p
@@ -104,8 +145,6 @@ def cmd_daemon(args):
     from .lv3 import ATTACHED_POLL_S, Host
     host = Host(*_kfd_of(args.sim), max_level=args.max_level)
     poll_ms = ATTACHED_POLL_S * 1e3 if args.attached_poll_ms is None else args.attached_poll_ms
-    if not 0.05 <= poll_ms <= 10_000:
-        raise ValueError("--attached-poll-ms must be between 0.05 and 10000")
     daemon = Daemon(args.policy, args.socket, host=host, trace=args.trace, attached_poll_s=poll_ms / 1e3)
     lv3 = host.no_kfd or f"Lv3 through {'simulated ' + args.sim if args.sim else 'KFD'} ({host.grace_why})"
     daemon.serve(ready=lambda: print(f"xsched-lv3 daemon: policy {args.policy}, socket {daemon.socket_path}, "
@@ -129,24 +168,21 @@ def _kfd_of(sim_name):
 def cmd_run(args):
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
-        raise ValueError("nothing to run: xsched-lv3 run [options] -- program [args]")
-    env = dict(os.environ, XSCHED_LV3_PRIORITY=str(check_hint("priority", args.priority)),
+        raise UsageError("nothing to run: xsched-lv3 run [options] -- program [args]")
+    env = dict(os.environ, XSCHED_LV3_PRIORITY=str(args.priority),
                XSCHED_LV3_POLICY=args.policy)
     if args.window_us is not None:
-        if not 0 <= args.window_us < float("inf"):
-            raise ValueError("--window-us must be >= 0 and finite (0: unbounded)")
         env["XSCHED_LV3_WINDOW_US"] = str(args.window_us)
     else:
         env.pop("XSCHED_LV3_WINDOW_US", None)
     if args.latency_slack is not None:
-        Protection(args.latency_slack)     # its one check: a clear line here, not at `import torch`
         env["XSCHED_LV3_LATENCY_SLACK"] = str(args.latency_slack)
     else:
         env.pop("XSCHED_LV3_LATENCY_SLACK", None)
     for name in ("utilization", "deadline_us", "laxity_us"):
         value = getattr(args, name)
         if value is not None:
-            env["XSCHED_LV3_" + name.upper()] = str(check_hint(name, value))
+            env["XSCHED_LV3_" + name.upper()] = str(value)
         else:
             env.pop("XSCHED_LV3_" + name.upper(), None)    # a run's hints come from its command line only
     try:
@@ -186,11 +222,11 @@ def cmd_status(args):
     board.reap()
     daemon = board.daemon_pid()
     reply = {}
-    if daemon:
+    if daemon or args.socket:              # a socket named on the command line is asked, and a wrong one said so
         try:
             reply = request({"op": "status"}, args.socket)
         except ConnectionError as e:       # not at this socket (--socket?), or not answering
-            print(f"xsched-lv3: daemon pid {daemon}: {e}; showing the board", file=sys.stderr)
+            print(f"xsched-lv3: {f'daemon pid {daemon}: ' if daemon else ''}{e}; showing the board", file=sys.stderr)
     if "clients" in reply:
         clients = reply["clients"]
     else:                                  # no daemon: what the board says, every client at Lv1
@@ -226,7 +262,7 @@ def _ask_daemon(msg, socket):
 
 
 def cmd_attach(args):
-    msg = {"op": "attach", "pid": args.pid, "priority": check_hint("priority", args.priority)}
+    msg = {"op": "attach", "pid": args.pid, "priority": args.priority}
     if args.device is not None:
         msg["device"] = args.device
     reply = _ask_daemon(msg, args.socket)
@@ -243,22 +279,11 @@ def cmd_detach(args):
 def cmd_hint(args):
     given = {name: getattr(args, name) for name in HINTS if getattr(args, name) is not None}
     if not given:
-        raise ValueError("give at least one hint, e.g. --priority 5")
-    values = {name: _hint_from_text(name, text) for name, text in given.items()}   # all checked before any is sent
-    for name, value in values.items():
+        raise UsageError("give at least one hint, e.g. --priority 5")
+    for name, value in given.items():      # all checked (by argparse) before any is sent
         _ask_daemon({"op": "hint", "pid": args.pid, "name": name, "value": value}, args.socket)
-    print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    print(f"pid {args.pid}: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     return 0
-
-
-def _hint_from_text(name, text):
-    """A hint given on the command line: text to a number here, validated by check_hint."""
-    try:
-        value = int(text) if HINTS[name] is int else float(text)
-    except ValueError:
-        kind = "a whole number" if HINTS[name] is int else "a number"
-        raise ValueError(f"--{name.replace('_', '-')} wants {kind}, got {text!r}") from None
-    return check_hint(name, value)
 
 
 def _board_problem(error):
@@ -278,6 +303,9 @@ def main(argv=None):
         return 1
     try:
         return args.run(args)
+    except UsageError as e:
+        print(f"xsched-lv3 {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, ConnectionError, RuntimeError, KfdError) as e:
         print(f"xsched-lv3: {e}", file=sys.stderr)
         return 1
