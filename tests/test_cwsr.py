@@ -458,3 +458,64 @@ def test_preempt_reports_the_mechanisms_notes(sim_dir):
     finally:
         os.kill(pid, signal.SIGKILL)
         runner.stop("composite")            # other tests start it with another ABI
+
+
+THIEF = """
+import sys
+from kfdtool.sim import runner
+from kfdtool.device import KfdDevice
+from kfdtool.cwsr import ptrace
+from kfdtool.errors import AlreadyDebugged
+pid = int(sys.argv[1])
+kfd = KfdDevice(runner.machine(sys.argv[2]).open_kfd())
+ptrace.seize(pid)                                   # rocgdb attaching to a process we already debug
+try:
+    kfd.dbg_trap("ENABLE", pid, "enable", dbg_fd=kfd.fd, exception_mask=0)
+    print("enabled", flush=True)
+except AlreadyDebugged:
+    print("EALREADY", flush=True)                   # it gives up, as ROCdbgapi does ...
+ptrace.detach(pid)                                  # ... and lets go
+sys.stdin.readline()
+"""
+
+
+def test_a_refused_enable_takes_the_debugger_role_and_we_still_resume_everything(sim, victim):
+    """kfd_ioctl_set_debug_trap names the caller of ENABLE the target's debugger_process before
+    kfd_dbg_trap_enable refuses it (EALREADY): the debugger that did ENABLE gets EPERM from then on
+    and its exit no longer disables the target. Our DISABLE then goes through ptrace, so what we
+    suspended is resumed all the same."""
+    kfd = KfdDevice(sim.open_kfd())
+    thief = None
+    try:
+        mech = DebugTrapSuspend(kfd, victim)
+        mech.suspend([0, 1])
+        thief = subprocess.Popen([sys.executable, "-c", THIEF, str(victim), MACHINE], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        assert thief.stdout.readline().strip() == "EALREADY"
+        assert {q["debugger"] for q in states(sim, victim).values()} == {thief.pid}   # the role went with it
+        with pytest.raises(errors.PermissionDenied):
+            mech.resume([0])
+        mech.close()
+        assert all(q["active"] and q["debugger"] is None for q in states(sim, victim).values())
+        assert ptrace.tracer_of(victim) in (0, None)          # and we let go of it again
+    finally:
+        if thief is not None:
+            thief.communicate("\n", timeout=10)
+        kfd.close()
+
+
+def test_resume_all_of_a_process_we_debug_leaves_us_its_debugger(sim, victim):
+    """`kfdtool resume --all` on a process another debugger holds resumes it as ptrace parent without
+    ENABLE (which, refused, would still have taken that debugger's role): the holder keeps it."""
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim) as mech:
+            mech.suspend([0, 1, 2])
+            result = run_cli("--sim", MACHINE, "resume", "--pid", str(victim), "--all")
+            assert result.returncode == 0, result.stderr
+            assert all(q["active"] and q["debugger"] == os.getpid() for q in states(sim, victim).values())
+            assert all(o.ok for o in mech.resume().outcomes)        # still ours to use: no EPERM
+            assert [o.outcome for o in mech.suspend([0]).outcomes] == ["suspended"]
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        kfd.close()

@@ -825,3 +825,28 @@ def test_a_host_whose_simulated_kfd_is_gone_says_so_until_it_is_back(tmp_path):
     assert host.no_kfd == "Lv1: the simulated KFD went away (simulated mi308x is not running)"
     server_up[0] = True
     assert host.reopen() and not host.lost and host.no_kfd is None and host.kfd is opened[1]
+
+
+def test_a_debugger_that_takes_the_role_away_does_not_leave_the_lp_suspended(setup):
+    """Another process's refused ENABLE (rocgdb attaching to our LP, then giving up) takes the
+    debugger role from the daemon (kfd_ioctl_set_debug_trap sets debugger_process before checking):
+    the daemon's RESUME gets EPERM. It releases the LP through ptrace (DISABLE resumes everything),
+    and attaches it again later."""
+    from test_cwsr import THIEF
+    s = setup
+    hp, lp = s.hp_holds_lp()
+    thief = subprocess.Popen([sys.executable, "-c", THIEF, str(s.lp.pid), "mi308x"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert thief.stdout.readline().strip() == "EALREADY"
+        assert {q["debugger"] for q in s.queues(s.lp)} == {thief.pid}
+        s.set_active(hp, False)
+        wait_for(s.lp_running, "the LP's queues to be resumed", why=lambda: s.status(s.lp)["why"])
+    finally:
+        thief.communicate("\n", timeout=10)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "the LP to be attached again", timeout=10,
+             why=lambda: s.status(s.lp)["why"])
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "a suspend by the daemon again")
+    s.set_active(hp, False)
+    wait_for(s.lp_running, "resume")

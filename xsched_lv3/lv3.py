@@ -550,6 +550,9 @@ class Lv3Engine:
         if mech is not None:
             try:
                 mech.close()                # resume + DISABLE; ESRCH (target gone) is fine
+            except PermissionDenied as e:   # another debugger took the role and still traces it
+                self.log(f"pid {c.pid}: releasing failed ({e}); another debugger holds it now, and its queues "
+                         "resume when that one releases it")
             except Error as e:
                 self.log(f"pid {c.pid}: releasing failed ({e}); the kernel resumes its queues when we exit")
         self._resumed(c)

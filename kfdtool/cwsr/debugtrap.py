@@ -12,7 +12,7 @@ import errno
 import os
 import weakref
 
-from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess, NotSupported
+from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess, NotSupported, ioctl_error
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
@@ -74,6 +74,9 @@ class DebugTrapSuspend(Mechanism):
         try:
             with _attached(self.pid):
                 try:
+                    if self.pid != os.getpid() and _debug_enabled(self.kfd, self.pid):
+                        # not ENABLE: a refused ENABLE still takes the debugger role from its holder
+                        raise ioctl_error("DBG_TRAP", errno.EALREADY, "ENABLE")
                     self.kfd.dbg_trap("ENABLE", self.pid, "enable", dbg_fd=events[1], exception_mask=RUNTIME_MASK,
                                       rinfo_ptr=ctypes.addressof(info), rinfo_size=ctypes.sizeof(info))
                 except AlreadyDebugged as e:
@@ -274,15 +277,47 @@ class DebugTrapSuspend(Mechanism):
         finally:
             self._enabled = False
             try:
-                self.kfd.dbg_trap("DISABLE", self.pid)   # resumes anything left, drops us as debugger
-            except KfdIoctlError as e:
-                if e.errno != errno.ESRCH:                # the target exited: nothing left to resume
-                    raise
+                self._disable()
             finally:
                 self._held.clear()
                 if self._events is not None:
                     self._close_events()
                     self._events = None
+
+
+    def _disable(self):
+        """DISABLE: resumes anything left and drops us as debugger. EPERM means another process took
+        the role from us (any ENABLE on the target names its caller debugger_process before it is
+        refused, kfd_chardev.c: kfd_ioctl_set_debug_trap), and the kernel no longer disables it for
+        us when we exit either: so become its ptrace parent for the call, which the kernel admits.
+        If another tracer holds it (a debugger that did take over), the error is raised."""
+        try:
+            self.kfd.dbg_trap("DISABLE", self.pid)
+        except KfdIoctlError as e:
+            if e.errno == errno.ESRCH:                    # the target exited: nothing left to resume
+                return
+            if e.errno != errno.EPERM or self.pid == os.getpid():
+                raise
+            with _attached(self.pid):
+                try:
+                    self.kfd.dbg_trap("DISABLE", self.pid)
+                except KfdIoctlError as again:
+                    if again.errno != errno.ESRCH:
+                        raise
+
+
+def _debug_enabled(kfd, pid):
+    """Whether `pid` is debug-enabled (by anyone), asked as its ptrace parent without ENABLE:
+    GET_QUEUE_SNAPSHOT for no entries and no exception bits (it changes nothing) is EINVAL on a
+    target that is not (kfd_ioctl_set_debug_trap), and answers the queue count on one that is."""
+    try:
+        kfd.dbg_trap("GET_QUEUE_SNAPSHOT", pid, "queue_snapshot", exception_mask=0, snapshot_buf_ptr=0,
+                     num_queues=0, entry_size=ENTRY)
+    except KfdIoctlError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise
+    return True
 
 
 def _close_fds(fds):
@@ -315,16 +350,13 @@ class _attached:
 
 def recover(kfd, pid, qids=None):
     """`kfdtool resume --all`: resume queues of `pid` whoever suspended them. We become its ptrace
-    parent, which the kernel accepts for every DBG_TRAP op; ENABLE fails with EALREADY if a live
-    debugger holds it, and then we resume as ptrace parent and leave that debugger in place."""
+    parent, which the kernel accepts for every DBG_TRAP op. Where a live debugger holds it we resume
+    as ptrace parent without ENABLE, which would take the debugger role from it even though refused
+    (see DebugTrapSuspend._disable), and leave that debugger in place."""
     with _attached(pid):
-        own = True
-        try:
+        own = not _debug_enabled(kfd, pid)
+        if own:
             kfd.dbg_trap("ENABLE", pid, "enable", dbg_fd=kfd.fd, exception_mask=0)
-        except KfdIoctlError as e:
-            if e.errno != errno.EALREADY:
-                raise
-            own = False
         try:
             mech = DebugTrapSuspend(kfd, pid, enable=False)
             if qids is None:

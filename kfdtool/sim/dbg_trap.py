@@ -94,6 +94,12 @@ class DbgTrap:
         return handler(caller, target, a, mem)
 
     def enable(self, caller, target, a, mem):
+        # kfd_ioctl_set_debug_trap names the caller the target's debugger_process *before*
+        # kfd_dbg_trap_enable runs its checks: a refused ENABLE (EALREADY from a second debugger,
+        # ENODEV, EBADF) still takes the role, and with it the admission of the debugger that did
+        # ENABLE, which gets EPERM from then on (and is no longer the one whose exit disables it)
+        if target is not caller:
+            target.debugger = caller
         if target.debug_trap_enabled:
             raise SimErrno(errno.EALREADY)
         for gpu in target.gpu_ids:         # KFD_IS_SOC15: GC 9.0.1 (gfx900) and later
@@ -104,10 +110,9 @@ class DbgTrap:
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
             self._activate_cu_workaround(target)     # kfd_dbg_trap_activate; its result is ignored
         target.debug_trap_enabled = True
-        target.debugger = caller
         target.exception_mask = a.enable.exception_mask
-        if target is not caller:
-            caller.debugged_count += 1
+        if target.debugger is not None:           # kfd_dbg_trap_enable: the debugger_process's count
+            target.debugger.debugged_count += 1
         info = s.kfd_runtime_info(target.r_debug, target.runtime_state, target.ttmp_setup)
         if a.enable.rinfo_ptr and a.enable.rinfo_size:
             mem.write(a.enable.rinfo_ptr, bytes(info)[:min(a.enable.rinfo_size, ctypes.sizeof(info))])
