@@ -281,6 +281,34 @@ def test_suspend_status_words_and_new_queues(client):
     client.dbg("DISABLE")
 
 
+def test_a_redundant_suspend_or_resume_still_remaps_the_device(client):
+    """kfd_device_queue_manager.c: suspend_single_queue and resume_single_queue answer 0 for a queue
+    already in the asked state, suspend_queues / resume_queues count it, and a count above zero
+    runs execute_queues_cpsch: the whole device is unmapped and mapped again all the same (every
+    wave on it stalls). A queue skipped as new (EBUSY) is not counted: no remap for it alone."""
+    gpu = client.gpus[0]
+
+    def remaps():
+        return client.ctl("status")["remaps"][str(gpu)]
+    q0 = client.rt.create_queue(gpu)
+    client.enable_debug()
+    client.snapshot()
+    q1 = client.rt.create_queue(gpu)                  # new: EC_QUEUE_NEW pending
+    before = remaps()
+    client.suspend([q0])
+    assert remaps() == before + 1
+    client.suspend([q0])                              # already suspended
+    assert remaps() == before + 2
+    client.suspend([q1])                              # new: skipped, nothing counted
+    assert remaps() == before + 2
+    client.resume([q0])
+    client.resume([q0])                               # not suspended any more
+    assert remaps() == before + 4
+    client.dbg("DISABLE")                             # resume_queues(target, 0, NULL): every queue
+    assert remaps() == before + 5
+    client.rt.destroy_queue(q1)
+
+
 def test_snapshot_size_negotiation_and_order(client):
     """kfd_process_queue_manager.c: pqm_get_queue_snapshot: num_queues 0 only counts,
     entry_size is cut to the kernel's entry (the user's stride is kept), entry_size 0 is -EINVAL,

@@ -229,23 +229,20 @@ class DbgTrap:
         for gpu in target.gpu_ids:
             dev = self.kfd.devices[gpu]
             wanted = [q for q in target.queues_on(gpu) if q.qid in index]
-            suspended_here = []
+            counted = 0                                  # suspend_queues' per_device_suspended
             for q in wanted:
                 n = index[q.qid]
-                if q.is_suspended:
-                    ids[n] &= ~c.KFD_DBG_QUEUE_INVALID_MASK          # already suspended: success
-                    total += 1
-                    continue
-                if q.exception_status & c.KFD_EC_MASK(c.EC_QUEUE_NEW) or q.being_destroyed:
-                    continue                                         # -EBUSY: keeps the INVALID bit
-                q.sync_progress()
-                if q.is_active:
-                    self.kfd.timing.save_waves(dev, q, args.grace_period)
-                q.is_suspended = True
+                if not q.is_suspended:                   # suspend_single_queue: 0 for one already suspended
+                    if q.exception_status & c.KFD_EC_MASK(c.EC_QUEUE_NEW) or q.being_destroyed:
+                        continue                         # -EBUSY: keeps the INVALID bit, not counted
+                    q.sync_progress()
+                    if q.is_active:
+                        self.kfd.timing.save_waves(dev, q, args.grace_period)
+                    q.is_suspended = True
                 ids[n] &= ~c.KFD_DBG_QUEUE_INVALID_MASK
-                suspended_here.append(q)
-                total += 1
-            if suspended_here:
+                counted += 1
+            total += counted
+            if counted:                                  # remapped even if every one was already suspended
                 self.kfd.execute_queues(dev, grace_period=args.grace_period)
                 for q in wanted:
                     q.exception_status &= ~args.exception_mask
@@ -268,17 +265,18 @@ class DbgTrap:
         total = 0
         for gpu in target.gpu_ids:
             dev = self.kfd.devices[gpu]
-            resumed = []
+            resumed, counted = [], 0                     # resume_queues' per_device_resumed
             for q in target.queues_on(gpu):
                 if index is not None and q.qid not in index:
                     continue
                 if index is not None:
                     ids[index[q.qid]] &= ~c.KFD_DBG_QUEUE_INVALID_MASK
-                total += 1
+                counted += 1                             # resume_single_queue: 0 for one not suspended
                 if q.is_suspended:
                     q.is_suspended = False
                     resumed.append(q)
-            if resumed:
+            total += counted
+            if counted:                                  # remapped even if none was suspended (DISABLE too)
                 self.kfd.execute_queues(dev)
                 for q in resumed:
                     if q.is_active:

@@ -560,7 +560,8 @@ class SimServer(ConnectionLoop):
         return {"preset": json.loads((self.dir / "machine.json").read_text())["preset"],
                 "abi": str(self.kfd.abi), "release": self.profile.release, "sysfs_root": str(self.sysfs_root),
                 "gpus": list(self.kfd.devices), "processes": sorted(self.kfd.processes),
-                "queues": sum(len(p.queues) for p in self.kfd.processes.values()), "opens": self.opens}
+                "queues": sum(len(p.queues) for p in self.kfd.processes.values()), "opens": self.opens,
+                "remaps": {str(gpu): dev.remaps for gpu, dev in self.kfd.devices.items()}}
 
     def ctl_adopt(self, conn, msg):
         """Make an existing OS process a KFD process with queues, without it speaking the
