@@ -328,6 +328,35 @@ def test_snapshot_size_negotiation_and_order(client):
     client.dbg("DISABLE")
 
 
+def test_snapshot_error_paths_leave_what_the_kernel_leaves(client):
+    """pqm_get_queue_snapshot zeroes the count before checking entry_size, cuts entry_size before
+    the walk and clears a queue's exception bits before copying its entry, and kfd_ioctl copies the
+    arguments back even on error: entry_size 0 answers EINVAL with num_queues 0; a buffer that
+    cannot be written answers EFAULT with num_queues at the entries written before it, entry_size
+    cut, and the newest queue's EC_QUEUE_NEW already cleared (the older one's kept)."""
+    gpu = client.gpus[0]
+    older, newest = client.rt.create_queue(gpu), client.rt.create_queue(gpu)
+    client.enable_debug()
+    new = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
+    args = s.kfd_ioctl_dbg_trap_args(op=c.kfd_dbg_trap_operations.KFD_IOC_DBG_TRAP_GET_QUEUE_SNAPSHOT,
+                                     pid=os.getpid())
+    args.queue_snapshot.num_queues, args.queue_snapshot.entry_size = 5, 0
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("DBG_TRAP", args)
+    assert args.queue_snapshot.num_queues == 0
+    args.queue_snapshot.snapshot_buf_ptr = 0x1000          # no user memory there
+    args.queue_snapshot.num_queues, args.queue_snapshot.entry_size = 2, 100
+    args.queue_snapshot.exception_mask = new
+    with pytest.raises(errors.BadAddress):
+        client.kfd.ioctl("DBG_TRAP", args)
+    assert (args.queue_snapshot.num_queues, args.queue_snapshot.entry_size) == (0, 64)
+    snap, buf = client.snapshot(n=2, clear_new=False)
+    status = {e.queue_id: e.exception_status for e in (s.kfd_queue_snapshot_entry.from_buffer_copy(
+        bytes(buf)[i * 64:(i + 1) * 64]) for i in range(2))}
+    assert status == {newest: 0, older: new}
+    client.dbg("DISABLE")
+
+
 def test_wave_state_rules(client):
     """kfd_process_queue_manager.c: pqm_get_wave_state (unknown qid -EFAULT) and
     kfd_device_queue_manager.c: get_wave_state (-EINVAL unless an inactive compute queue with

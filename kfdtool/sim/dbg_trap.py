@@ -286,18 +286,25 @@ class DbgTrap:
 
     # --- snapshots --------------------------------------------------------------------------------
     def queue_snapshot(self, caller, target, a, mem):
+        """kfd_process_queue_manager.c: pqm_get_queue_snapshot, in its order: the count is zeroed
+        first (an entry_size of 0 answers EINVAL with num_queues 0), entry_size is cut to the
+        kernel's entry before the walk, and each written queue's exception bits are cleared before
+        its entry is copied, so a copy that faults leaves num_queues at the entries written before
+        it and that queue's bits cleared (kfd_ioctl copies the arguments back even on error)."""
         args = a.queue_snapshot
+        room, args.num_queues = args.num_queues, 0
         if args.entry_size == 0:
             raise SimErrno(errno.EINVAL)
-        stride, copy = args.entry_size, min(args.entry_size, SNAPSHOT_ENTRY)
-        queues = list(target.queues.values())              # newest first
-        for n, q in enumerate(queues[:args.num_queues]):
-            entry = s.kfd_queue_snapshot_entry(
-                q.exception_status, q.ring_base, q.wptr, q.rptr, q.ctx_save_restore_address, q.qid,
-                q.gpu_id, q.ring_size & 0xFFFFFFFF, _user_queue_type(q.queue_type), q.ctx_save_restore_size, 0)
-            mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
-            q.exception_status &= ~args.exception_mask
-        args.num_queues, args.entry_size = len(queues), copy
+        stride = args.entry_size
+        args.entry_size = copy = min(stride, SNAPSHOT_ENTRY)
+        for q in list(target.queues.values()):              # newest first
+            if args.num_queues < room:
+                entry = s.kfd_queue_snapshot_entry(
+                    q.exception_status, q.ring_base, q.wptr, q.rptr, q.ctx_save_restore_address, q.qid,
+                    q.gpu_id, q.ring_size & 0xFFFFFFFF, _user_queue_type(q.queue_type), q.ctx_save_restore_size, 0)
+                q.exception_status &= ~args.exception_mask     # set_queue_snapshot_entry
+                mem.write(args.snapshot_buf_ptr + args.num_queues * stride, bytes(entry)[:copy])
+            args.num_queues += 1
         return 0
 
     def device_snapshot(self, caller, target, a, mem):
