@@ -850,3 +850,65 @@ def test_a_debugger_that_takes_the_role_away_does_not_leave_the_lp_suspended(set
     wait_for(s.lp_suspended, "a suspend by the daemon again")
     s.set_active(hp, False)
     wait_for(s.lp_running, "resume")
+
+
+def _lingering_workers(*roles):
+    """Simulated GPU processes that outlive their simulator (the pid stays on the board)."""
+    workers = []
+    for role in roles:
+        code = (f"import kfdtool.sim.workload as w, time; w.main(['--sim', 'mi308x', '--role', '{role}', "
+                f"'--queues', '2', '--waves', '200']); time.sleep(600)")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
+        workers.append(proc)
+    return workers
+
+
+def test_a_simulator_stopped_under_lv3_clients_leaves_them_at_lv1_until_one_answers_again(setup):
+    """The suspend of an Lv3 client fails because its simulated KFD stopped: the daemon forgets
+    every attachment of that connection, keeps every client at Lv1 saying why (asked again, not
+    for good), and once a simulator runs again its new processes reach Lv3."""
+    from kfdtool.sim import runner
+    s = setup
+    workers = _lingering_workers("hp-old", "lp-old")
+    try:
+        hp, lp = s.client(workers[0], 10), s.client(workers[1], 0)
+        wait_for(lambda: s.board.read_slot(lp).level == 3, "Lv3", why=lambda: s.status(workers[1])["why"])
+        runner.stop("mi308x")
+        s.set_active(hp, True)                        # the suspend fails: nobody is there
+        wait_for(lambda: "simulated KFD went away" in s.status(workers[1])["why"], "the reason", timeout=10,
+                 why=lambda: s.status(workers[1])["why"])
+        assert s.board.read_slot(lp).level == 1 and not s.status(workers[1])["suspended"]
+        time.sleep(1.0)                               # asked again meanwhile: still no KFD, still the reason
+        assert "simulated KFD went away" in s.status(workers[1])["why"] and s.daemon.poll() is None
+        s.set_active(hp, False)
+        s.sim = start("mi308x")
+        s.ctl = s.sim.control()
+        workers += _lingering_workers("hp-new", "lp-new")
+        hp2, lp2 = s.client(workers[2], 10), s.client(workers[3], 0)
+        wait_for(lambda: s.board.read_slot(lp2).level == 3, "the new LP at Lv3", timeout=10,
+                 why=lambda: s.status(workers[3])["why"])
+        s.lp = workers[3]
+        s.set_active(hp2, True)
+        wait_for(s.lp_suspended, "a suspend on the new simulator")
+        s.set_active(hp2, False)
+        wait_for(s.lp_running, "resume")
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+
+
+def test_status_names_the_daemon_that_answers_at_the_socket_given(setup, tmp_path):
+    """`status --socket S` with a board on which no daemon is registered (another XSCHED_LV3_BOARD):
+    the daemon answering at S is the one shown, not "none"."""
+    s = setup
+    s.client(s.hp, 10)
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "another-board"))
+    out = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--socket", s.sock], capture_output=True,
+                         text=True, timeout=30, env=env)
+    assert out.returncode == 0 and f"daemon: pid {s.daemon.pid}" in out.stdout, out.stdout + out.stderr
+    assert any(line.split()[:1] == [str(s.hp.pid)] for line in out.stdout.splitlines())
+    as_json = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--json", "--socket", s.sock],
+                             capture_output=True, text=True, timeout=30, env=env)
+    assert json.loads(as_json.stdout)["daemon"] == s.daemon.pid

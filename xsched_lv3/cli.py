@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,11 @@ EPILOG = """examples:
   xsched-lv3 status
   xsched-lv3 hint --pid 1234 --priority 5
   xsched-lv3 hint --pid 1234 --utilization 25       # with --policy bandwidth
+
+environment:
+  XSCHED_LV3_BOARD   the shared board's file (default /dev/shm/xsched-lv3-<uid>.<version>.board): every
+                     client, the daemon and `status` of one group must name the same one
+  XSCHED_LV3_SOCKET  the daemon's socket, for clients of a daemon started with --socket
 """
 
 
@@ -48,7 +54,12 @@ def _checked(check, parse=float):
 
 
 def _hint_arg(name):
-    return _checked(lambda value: check_hint(name, value), HINTS[name])
+    def check(value):
+        try:
+            return check_hint(name, value)
+        except ValueError as e:            # argparse names the option already: not the hint's name again
+            raise ValueError(re.sub(rf"^(hint )?{name} ", "", str(e))) from None
+    return _checked(check, HINTS[name])
 
 
 def _window_us(value):
@@ -108,7 +119,7 @@ def build_parser():
     r.add_argument("--deadline-us", type=_hint_arg("deadline_us"), help="--policy kedf: deadline of a request, from its start")
     r.add_argument("--laxity-us", type=_hint_arg("laxity_us"), help="--policy laxity: raise to critical priority after this long")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
-    r.set_defaults(run=cmd_run)
+    r.set_defaults(run=cmd_run, parser=r)
     a = sub.add_parser("attach", help="schedule a running process without `run` (Lv3 only: KFD queue suspend)",
                        description="Schedule a running process that `xsched-lv3 run` did not start (LibTorch, HIP "
                                    "C++, any framework): the daemon suspends its KFD queues while a higher-priority "
@@ -136,7 +147,7 @@ def build_parser():
     for name in HINTS:
         h.add_argument("--" + name.replace("_", "-"), dest=name, type=_hint_arg(name))
     h.add_argument("--socket")
-    h.set_defaults(run=cmd_hint)
+    h.set_defaults(run=cmd_hint, parser=h)
     return p
 
 
@@ -227,6 +238,7 @@ def cmd_status(args):
             reply = request({"op": "status"}, args.socket)
         except ConnectionError as e:       # not at this socket (--socket?), or not answering
             print(f"xsched-lv3: {f'daemon pid {daemon}: ' if daemon else ''}{e}; showing the board", file=sys.stderr)
+        daemon = daemon or reply.get("pid")    # one that answered at --socket is running, board or not
     if "clients" in reply:
         clients = reply["clients"]
     else:                                  # no daemon: what the board says, every client at Lv1
@@ -235,12 +247,14 @@ def cmd_status(args):
                     "suspends": 0, "suspended_s": 0.0} for i, s in board.slots()]
     if args.json:
         # strict JSON: a number another process of this user wrote into the board may be NaN
-        print(json.dumps(_finite({"policy": board.policy(), "daemon": daemon or None, "clients": clients})))
+        print(json.dumps(_finite({"policy": reply.get("policy", board.policy()), "daemon": daemon or None,
+                                  "clients": clients})))
         return 0
     if not clients:
         print("no scheduled clients" + ("" if daemon else " (and no daemon running)"))
         return 0
-    print(f"policy: {board.policy() or 'per client'}; daemon: {f'pid {daemon}' if daemon else 'none'}")
+    print(f"policy: {reply.get('policy', board.policy()) or 'per client'}; "
+          f"daemon: {f'pid {daemon}' if daemon else 'none'}")
     print(f"{'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} {'LEVEL':>5} {'STATE':<9} {'SUSPENDS':>8} "
           f"{'SUSP_S':>8} {'HELD_S':>8}  WHY")
     for c in clients:
@@ -303,7 +317,8 @@ def main(argv=None):
         return 1
     try:
         return args.run(args)
-    except UsageError as e:
+    except UsageError as e:                # as argparse's own errors: the usage, then the error line
+        args.parser.print_usage(sys.stderr)
         print(f"xsched-lv3 {args.command}: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, ConnectionError, RuntimeError, KfdError) as e:

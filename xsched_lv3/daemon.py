@@ -399,7 +399,7 @@ class Daemon(ConnectionLoop):
             self._schedule()                   # forgets it: whatever is suspended is resumed, the debugger leaves
             return {"ok": True}
         if op == "status":
-            return {"ok": True, "policy": self.board.policy(), "clients": [
+            return {"ok": True, "pid": os.getpid(), "policy": self.board.policy(), "clients": [
                 {**self.board.client_status(i, s), "suspended": bool(s.suspended), **self.engine.describe(i)}
                 for i, s in self.board.slots()]}
         if op == "hint":

@@ -170,6 +170,7 @@ class Host:
         self.pids_match = False
         self.grace_period, self.grace_why = MIN_GRACE, ""
         self.lost = False                               # the KFD went away (a stopped simulator) and is not back
+        self.generation = 0                             # connections replaced by reopen()
         self._open_kfd, self._sysfs_root = open_kfd, sysfs_root
         if max_level < LV3:
             self.no_kfd = "Lv1: Lv3 turned off (xsched-lv3 daemon --max-level 1)"
@@ -205,6 +206,7 @@ class Host:
         if self.kfd is not None:
             self.kfd.close()
             self.kfd = None
+            self.generation += 1
         try:
             self._open()
         except (Error, OSError) as e:
@@ -365,8 +367,13 @@ class Lv3Engine:
             return
         self.runtime_poll_at = now + RUNTIME_POLL_S
         for c in [c for c in self.clients.values() if c.mech is not None]:
+            if c.mech is None:
+                continue                    # forgotten meanwhile: its simulated KFD went away
             try:
                 answered = c.mech.answer_runtime_event()
+            except SimulatorError as e:
+                self._kfd_gone(c, e, now)
+                continue
             except Error as e:
                 self._lost(c, f"runtime event query failed ({e})")
                 continue
@@ -455,7 +462,6 @@ class Lv3Engine:
             # answer every op but DISABLE with EPERM, and we keep no ptrace attachment)
             c.mech.queues()
         except SimulatorError as e:
-            self._release(c)
             return self._kfd_gone(c, e, now)
         except PermissionDenied:
             self._release(c)
@@ -470,11 +476,24 @@ class Lv3Engine:
         self.log(f"pid {c.pid}: {why}")
 
     def _kfd_gone(self, c, error, now):
-        """The simulated KFD's server went away under a call: open it again, and attach at once if
-        it answers (the next sync: this client's process may be one of the new server's)."""
-        reopened = self.host.reopen()
-        self._stay_lv1(c, f"Lv1: the simulated KFD went away ({error})", final=False, now=now)
-        if reopened:
+        """The simulated KFD's server went away under a call to it (SimulatorError: no real ioctl
+        says that). Its processes went with it, so every attachment made through the old
+        connection is forgotten without a call (a closed connection would reach the next server),
+        and the connection is opened again: where a KFD answers, `c` is attached at the next sync
+        (its process may be one of the new server's); until one does, every client is at Lv1 with
+        the reason and asked again every RETRY_ATTACH_S."""
+        generation = self.host.generation
+        answering = self.host.reopen()
+        why = f"Lv1: the simulated KFD went away ({error})"
+        replaced = self.host.generation != generation or not answering
+        for other in self.clients.values():
+            if other.mech is not None and (replaced or other is c):
+                other.mech.abandon()
+                other.mech = None
+                self._released(other)
+                self._stay_lv1(other, why, final=False, now=now)
+        self._stay_lv1(c, why, final=False, now=now)
+        if answering:
             c.retry_at = now
 
     def _stay_lv1(self, c, why, final=True, now=0.0):
@@ -525,9 +544,9 @@ class Lv3Engine:
     def _call_failed(self, c, what, error):
         if not isinstance(error, Error):
             raise error                     # a bug, not the kernel's answer: the daemon stops Lv3
-        self._lost(c, f"{what} failed ({error})")
         if isinstance(error, SimulatorError):
-            self.host.reopen()              # its server was stopped: its processes went with it
+            return self._kfd_gone(c, error, time.monotonic())
+        self._lost(c, f"{what} failed ({error})")
 
     def _resumed(self, c):
         if c.suspended_at is not None:
@@ -555,6 +574,11 @@ class Lv3Engine:
                          "resume when that one releases it")
             except Error as e:
                 self.log(f"pid {c.pid}: releasing failed ({e}); the kernel resumes its queues when we exit")
+        self._released(c)
+
+    def _released(self, c):
+        """Our bookkeeping of a client we no longer debug: not suspended, no hold record, its gate
+        announced to gate again."""
         self._resumed(c)
         if c.hold is not None:
             c.hold.__exit__(None, None, None)

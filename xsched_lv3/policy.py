@@ -157,7 +157,7 @@ def check_hint(name, value):
             raise ValueError(f"{name} must be between {low} and {high}, got {short_repr(value)}")
         return int(value)
     if name == "utilization" and not 0 <= value <= 100:
-        raise ValueError(f"utilization is a share between 0 and 100, got {short_repr(value)}")
+        raise ValueError(f"utilization must be a share between 0 and 100 (percent), got {short_repr(value)}")
     if name in ("deadline_us", "laxity_us") and value < 0:
         raise ValueError(f"{name} must be >= 0, got {short_repr(value)}")
     try:

@@ -207,7 +207,9 @@ def run_resume(args, ctx):
     elif outcomes:
         _print_outcomes(f"resumed pid {args.pid} in {elapsed * 1e3:.2f} ms", outcomes)
     else:
-        print(f"resumed {count} queues of pid {args.pid} in {elapsed * 1e3:.2f} ms")
+        # RESUME_QUEUES counts every queue it was given, suspended or not (resume_single_queue
+        # answers 0 for a running one): so this says they all run, not that they were stopped
+        print(f"all {count} queues of pid {args.pid} run (RESUME_QUEUES took {elapsed * 1e3:.2f} ms)")
     failed = [o for o in outcomes or () if not o.ok]
     if failed:                             # as preempt: a queue not found fails, said on stderr
         print(f"kfdtool: pid {args.pid}: queue {failed[0].qid} {failed[0].outcome}"

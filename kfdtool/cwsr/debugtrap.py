@@ -285,6 +285,15 @@ class DebugTrapSuspend(Mechanism):
                     self._events = None
 
 
+    def abandon(self):
+        """Forget the target without a call: the connection it was debugged through is gone (a
+        simulated KFD whose server stopped took its processes with it). Only our own pipe is closed."""
+        self._enabled = False
+        self._held.clear()
+        if self._events is not None:
+            self._close_events()
+            self._events = None
+
     def _disable(self):
         """DISABLE: resumes anything left and drops us as debugger. EPERM means another process took
         the role from us (any ENABLE on the target names its caller debugger_process before it is
