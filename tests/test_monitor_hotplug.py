@@ -20,8 +20,21 @@ def test_monitor_shows_processes_and_counts_refreshes(sim_dir):
         assert result.returncode == 0, result.stderr
         assert "kfdtool monitor" in result.stdout and str(pid) in result.stdout and "watched" in result.stdout
         assert "CPU %" in result.stdout and "RSS" in result.stdout and "MiB" in result.stdout
+        assert result.stdout.count("kfdtool monitor") == 2      # not a terminal: every refresh, as top -b
     finally:
         os.kill(pid, 9)
+
+
+def test_monitor_into_a_pipe_shows_each_refresh_as_it_comes(sim_dir):
+    """`kfdtool monitor | ...` without --count: the first table arrives at once, not at exit."""
+    start("mi308x")
+    proc = subprocess.Popen([sys.executable, "-m", "kfdtool", "--sim", "mi308x", "monitor", "--interval", "5"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "kfdtool monitor" in proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_host_usage_sees_a_busy_process_and_forgets_gone_ones():

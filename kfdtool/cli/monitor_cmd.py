@@ -2,6 +2,7 @@
 process's CPU % and RSS (psutil); notes topology changes (generation_id) and, where udev is
 available, GPU hotplug events."""
 import argparse
+import contextlib
 import time
 
 from ..cwsr.holds import mark_held
@@ -97,9 +98,14 @@ def run(args, ctx):
     shown = 1
     last = time.monotonic()
     # auto_refresh off: rich would otherwise re-render the whole table 4 times a second (2.7 s of
-    # CPU a second at 1,000 processes); the view changes once a sample
-    with Live(_grid(scan, rows, args.sort, limit, notes), console=out, auto_refresh=False,
-              transient=False) as live:
+    # CPU a second at 1,000 processes); the view changes once a sample. A pipe or a file gets every
+    # refresh, one table after another as `top -b` prints them: a live view shows only its last
+    # frame there, so `kfdtool monitor > log` would hold nothing until it ended.
+    grid = _grid(scan, rows, args.sort, limit, notes)
+    live = Live(grid, console=out, auto_refresh=False, transient=False) if out.is_terminal else None
+    if live is None:
+        _print_now(out, grid)
+    with live or contextlib.nullcontext():
         while args.count is None or shown < args.count:
             time.sleep(args.interval)
             if mon is not None:
@@ -113,10 +119,15 @@ def run(args, ctx):
             now = time.monotonic()
             scan, rows = _sample(ctx, scan, now - last, host)
             last = now
-            if out.is_terminal:
+            if live is not None:
                 limit = max(out.height - HEADER_LINES, 1)      # follows a resized window
-            live.update(_grid(scan, rows, args.sort, limit, notes), refresh=True)
+                live.update(_grid(scan, rows, args.sort, limit, notes), refresh=True)
+            else:
+                _print_now(out, _grid(scan, rows, args.sort, limit, notes))
             shown += 1
-    if not out.is_terminal:
-        out.line()           # rich ends a live view without a newline where it is not a terminal
     return 0
+
+
+def _print_now(out, grid):
+    out.print(grid)
+    out.file.flush()
