@@ -304,9 +304,40 @@ def test_a_redundant_suspend_or_resume_still_remaps_the_device(client):
     client.resume([q0])
     client.resume([q0])                               # not suspended any more
     assert remaps() == before + 4
-    client.dbg("DISABLE")                             # resume_queues(target, 0, NULL): every queue
-    assert remaps() == before + 5
+    # HWS clears the mask of every queue asked for once the device was remapped, the one skipped
+    # as new included: with EC_QUEUE_NEW as the mask, q1 is suspendable at the next call
+    client.suspend([q0, q1], exception_mask=c.KFD_EC_MASK(c.EC_QUEUE_NEW))
+    assert client.suspend([q1])[0] == 1
+    client.dbg("DISABLE")                             # (its own runlist refreshes are not counted here)
     client.rt.destroy_queue(q1)
+
+
+def test_on_mes_a_redundant_suspend_costs_nothing_and_a_new_queue_keeps_its_mark(sim_dir):
+    """suspend_queues on MES (gfx11+): a counted queue goes straight into the total, with no runlist;
+    only a queue actually removed costs a MES call (suspend_single_queue returns 0 first for one
+    already suspended), and the exception mask is cleared only for counted queues (`if (!err)`)."""
+    from kfdtool.topology import read_topology
+    from simhelpers import Client
+    sim = start("composite")
+    mes = [g.gpu_id for g in read_topology(sim.sysfs_root).for_each_gpu() if g.gfx_target_version >= 110000]
+    client = Client(sim)
+    try:
+        gpu = mes[0]
+
+        def remaps():
+            return client.ctl("status")["remaps"][str(gpu)]
+        q0 = client.rt.create_queue(gpu)
+        client.enable_debug()
+        client.snapshot()
+        q1 = client.rt.create_queue(gpu)
+        before = remaps()
+        assert client.suspend([q0])[0] == 1 and remaps() == before + 1
+        assert client.suspend([q0])[0] == 1 and remaps() == before + 1         # already suspended: no MES call
+        client.suspend([q0, q1], exception_mask=c.KFD_EC_MASK(c.EC_QUEUE_NEW))
+        assert client.suspend([q1])[0] == 0                                    # still new: not cleared on MES
+        client.dbg("DISABLE")
+    finally:
+        client.close()
 
 
 def test_snapshot_size_negotiation_and_order(client):

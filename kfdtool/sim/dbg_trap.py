@@ -161,7 +161,10 @@ class DbgTrap:
             target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
         debugger = target.debugger
         if debugger is not None and debugger is not target:
-            debugger.debugged_count = max(0, debugger.debugged_count - 1)
+            # whoever holds the role now, as kfd_dbg_trap_disable's atomic_dec does: one that took it
+            # with a refused ENABLE was never counted and goes below zero (its exit then disables
+            # nothing: kfd_process_notifier_release_internal scans only while the count is > 0)
+            debugger.debugged_count -= 1
         target.debug_trap_enabled, target.debugger, target.dbg_flags = False, None, 0
 
     def set_exceptions_enabled(self, caller, target, a, mem):
@@ -229,7 +232,7 @@ class DbgTrap:
         for gpu in target.gpu_ids:
             dev = self.kfd.devices[gpu]
             wanted = [q for q in target.queues_on(gpu) if q.qid in index]
-            counted = 0                                  # suspend_queues' per_device_suspended
+            counted, changed = [], False
             for q in wanted:
                 n = index[q.qid]
                 if not q.is_suspended:                   # suspend_single_queue: 0 for one already suspended
@@ -238,13 +241,20 @@ class DbgTrap:
                     q.sync_progress()
                     if q.is_active:
                         self.kfd.timing.save_waves(dev, q, args.grace_period)
-                    q.is_suspended = True
+                    q.is_suspended = changed = True      # (MES: remove_queue_mes for this one)
                 ids[n] &= ~c.KFD_DBG_QUEUE_INVALID_MASK
-                counted += 1
-            total += counted
-            if counted:                                  # remapped even if every one was already suspended
-                self.kfd.execute_queues(dev, grace_period=args.grace_period)
-                for q in wanted:
+                counted.append(q)
+            total += len(counted)
+            if dev.uses_mes:
+                # counted straight into the total, no runlist: only the queues removed cost MES calls,
+                # and only they have the mask cleared (inside suspend_queues' `if (!err)`)
+                if changed:
+                    self.kfd.execute_queues(dev)
+                for q in counted:
+                    q.exception_status &= ~args.exception_mask
+            elif counted:                                # HWS: per_device_suspended > 0 remaps, even if every
+                self.kfd.execute_queues(dev, grace_period=args.grace_period)   # one was already suspended,
+                for q in wanted:                         # and clears the mask of every queue asked for
                     q.exception_status &= ~args.exception_mask
         if total:
             self.kfd.write_wave_state_headers(target)
@@ -276,8 +286,8 @@ class DbgTrap:
                     q.is_suspended = False
                     resumed.append(q)
             total += counted
-            if counted:                                  # remapped even if none was suspended (DISABLE too)
-                self.kfd.execute_queues(dev)
+            if resumed if dev.uses_mes else counted:     # MES: add_queue_mes only for the queues resumed;
+                self.kfd.execute_queues(dev)             # HWS: a remap even if none was suspended
                 for q in resumed:
                     if q.is_active:
                         self.kfd.timing.restore_waves(dev, q)

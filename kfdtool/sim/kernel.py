@@ -163,10 +163,12 @@ class SimKfd:
         proc.alive = False
         if proc.debug_trap_enabled:
             self.dbg.disable(proc)
-        if proc.debugged_count:
+        if proc.debugged_count > 0:
             for target in list(self.processes.values()):
                 if target.debugger is proc:
                     self.dbg.disable(target)
+                    if proc.debugged_count == 0:
+                        break                         # as the kernel: it stops counting down at zero
         for q in list(proc.queues.values()):
             self._remove_queue(proc, q)
         self.signal_pages.pop(pid, None)
