@@ -309,6 +309,10 @@ def test_a_redundant_suspend_or_resume_still_remaps_the_device(client):
     client.suspend([q0, q1], exception_mask=c.KFD_EC_MASK(c.EC_QUEUE_NEW))
     assert client.suspend([q1])[0] == 1
     client.dbg("DISABLE")                             # (its own runlist refreshes are not counted here)
+    at = remaps()
+    client.enable_debug()                             # kfd_dbg_trap_activate: a remap of each of its devices
+    assert remaps() == at + 1
+    client.dbg("DISABLE")
     client.rt.destroy_queue(q1)
 
 

@@ -107,7 +107,8 @@ class DbgTrap:
                 raise SimErrno(errno.ENODEV)
         if not _fd_is_open(caller.pid, a.enable.dbg_fd):
             raise SimErrno(errno.EBADF)
-        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
+        activate = target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED   # else deferred to RUNTIME_ENABLE
+        if activate:
             self._activate_cu_workaround(target)     # kfd_dbg_trap_activate; its result is ignored
         target.debug_trap_enabled = True
         target.exception_mask = a.enable.exception_mask
@@ -117,8 +118,9 @@ class DbgTrap:
         if a.enable.rinfo_ptr and a.enable.rinfo_size:
             mem.write(a.enable.rinfo_ptr, bytes(info)[:min(a.enable.rinfo_size, ctypes.sizeof(info))])
         a.enable.rinfo_size = ctypes.sizeof(info)
-        for dev in {self.kfd.devices[g] for g in target.gpu_ids if target.queues_on(g)}:
-            self.kfd.execute_queues(dev)          # debug_refresh_runlist
+        if activate:                              # kfd_dbg_trap_activate: per device of the process, the
+            for gpu in target.gpu_ids:            # debug VMID reserved or the runlist refreshed (a remap)
+                self.kfd.execute_queues(self.kfd.devices[gpu])
         return 0
 
     def _activate_cu_workaround(self, target):
@@ -149,8 +151,11 @@ class DbgTrap:
         activation failed is set back to ENABLED for the next debugger. Every pending exception
         is cleared (kfd_dbg_clean_exception_status: process, device and queue bits, EC_QUEUE_NEW
         and EC_PROCESS_RUNTIME included), so a target sleeping in RUNTIME_ENABLE stays asleep with
-        nothing left for a next debugger to see: only SEND_RUNTIME_EVENT wakes it."""
-        self._resume(target, None)
+        nothing left for a next debugger to see: only SEND_RUNTIME_EVENT wakes it. Only a target
+        whose runtime is on is deactivated (its queues resumed: one whose runtime is off had them
+        resumed when it went off); the deactivation's own runlist refreshes are not modelled."""
+        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
+            self._resume(target, None)
         target.exception_status = 0
         for q in target.queues.values():
             q.exception_status = 0
