@@ -131,7 +131,8 @@ _MEANINGS = {
                                        "hardware scheduling (amdgpu sched_policy=2)",
     ("DBG_TRAP", None, _errno.EPERM): "target not runtime-enabled or not being debugged by us (need to be the "
                                       "target itself, its ptrace parent, or its registered debugger)",
-    ("DBG_TRAP", "ENABLE", _errno.EALREADY): "another debugger (e.g. rocgdb, rocr-debug-agent) is attached "
+    ("DBG_TRAP", "ENABLE", _errno.EALREADY): "another debugger (e.g. rocgdb, rocr-debug-agent, or an "
+                                             "xsched-lv3 daemon at Lv3: `xsched-lv3 status`) is attached "
                                              "to the target",
     ("DBG_TRAP", "ENABLE", _errno.EPERM): "not allowed to debug the target: be the process itself or its "
                                           "ptrace parent (root, CAP_SYS_PTRACE or "
