@@ -181,7 +181,7 @@ def test_another_debugger_is_named(sim, victim):
         with DebugTrapSuspend(kfd, victim):
             result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms")
             assert result.returncode == 1
-            assert "EALREADY: another debugger (e.g. rocgdb, rocr-debug-agent)" in result.stderr
+            assert "EALREADY: another debugger (e.g. rocgdb, rocr-debug-agent, or an xsched-lv3 daemon" in result.stderr
     finally:
         kfd.close()
 
