@@ -32,6 +32,20 @@ def wait_for(predicate, what, timeout=5.0, why=None):
         time.sleep(0.005)
 
 
+def spawn_workers(*roles, env=None, linger=False):
+    """Simulated GPU processes on mi308x's first GPU, 2 queues each, ready when returned; with
+    `linger` they outlive their simulator (the pid stays on the board)."""
+    workers = []
+    for role in roles:
+        args = ["--sim", "mi308x", "--role", role, "--queues", "2", "--waves", "200"]
+        cmd = ([sys.executable, "-c", f"import kfdtool.sim.workload as w, time; w.main({args!r}); time.sleep(600)"]
+               if linger else [sys.executable, "-m", "kfdtool.sim.workload", *args])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
+        workers.append(proc)
+    return workers
+
+
 @pytest.fixture
 def setup(sim_dir, tmp_path, monkeypatch):
     """A running simulated mi308x, two GPU processes on its first GPU, a daemon with Lv3."""
@@ -40,12 +54,7 @@ def setup(sim_dir, tmp_path, monkeypatch):
                KFDTOOL_RUN_DIR=str(tmp_path / "run"))
     for key in ("XSCHED_LV3_BOARD", "XSCHED_LV3_SOCKET", "KFDTOOL_RUN_DIR"):
         monkeypatch.setenv(key, env[key])
-    workers = []
-    for role in ("hp-serve", "lp-train"):
-        proc = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.workload", "--sim", "mi308x", "--role", role,
-                                 "--queues", "2", "--waves", "200"], stdout=subprocess.PIPE, text=True, env=env)
-        assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
-        workers.append(proc)
+    workers = spawn_workers("hp-serve", "lp-train", env=env)
     board = Board()
     daemon = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", "mi308x"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -101,6 +110,13 @@ class Setup:
         wait_for(self.lp_suspended, "suspend")
         return hp
 
+    def one_request(self, hp):
+        """The HP's slot active, then idle: the LP suspended, then running again."""
+        self.set_active(hp, True)
+        wait_for(self.lp_suspended, "suspend")
+        self.set_active(hp, False)
+        wait_for(self.lp_running, "resume")
+
     def set_active(self, slot, active):
         self.board.set_active(slot, active)
         poke(wake_path(self.sock))
@@ -128,10 +144,7 @@ def test_lv3_suspends_the_lower_client_while_the_higher_one_is_active(setup):
     wait_for(s.lp_running, "the LP's queues to be resumed")
     wait_for(lambda: suspended_by(s.lp.pid) == {}, "the hold record to be cleared")
     for _ in range(3):                                # every request of the HP: suspend, then resume
-        s.set_active(hp, True)
-        wait_for(s.lp_suspended, "suspend")
-        s.set_active(hp, False)
-        wait_for(s.lp_running, "resume")
+        s.one_request(hp)
     assert s.status(s.lp)["suspends"] == 4
 
 
@@ -771,23 +784,15 @@ def test_a_restarted_simulator_is_reconnected_and_its_new_processes_reach_lv3(se
     from kfdtool.sim import runner
     runner.stop("mi308x")
     sim = start("mi308x")
-    env = dict(os.environ)
     workers = []
     try:
-        for role in ("hp-serve", "lp-train"):
-            proc = subprocess.Popen([sys.executable, "-m", "kfdtool.sim.workload", "--sim", "mi308x", "--role", role,
-                                     "--queues", "2", "--waves", "200"], stdout=subprocess.PIPE, text=True, env=env)
-            assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
-            workers.append(proc)
+        workers = spawn_workers("hp-serve", "lp-train")
         s.sim, s.ctl = sim, sim.control()
         s.hp, s.lp = workers
         hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
         wait_for(lambda: s.board.read_slot(lp).level == 3, "the new LP to reach Lv3", timeout=10,
                  why=lambda: s.status(s.lp)["why"])
-        s.set_active(hp, True)
-        wait_for(s.lp_suspended, "the new LP's queues to be suspended")
-        s.set_active(hp, False)
-        wait_for(s.lp_running, "resume")
+        s.one_request(hp)
         assert s.daemon.poll() is None
     finally:
         for proc in workers:
@@ -846,22 +851,12 @@ def test_a_debugger_that_takes_the_role_away_does_not_leave_the_lp_suspended(set
         thief.communicate("\n", timeout=10)
     wait_for(lambda: s.board.read_slot(lp).level == 3, "the LP to be attached again", timeout=10,
              why=lambda: s.status(s.lp)["why"])
-    s.set_active(hp, True)
-    wait_for(s.lp_suspended, "a suspend by the daemon again")
-    s.set_active(hp, False)
-    wait_for(s.lp_running, "resume")
+    s.one_request(hp)                                 # suspended by the daemon again, and resumed
 
 
 def _lingering_workers(*roles):
     """Simulated GPU processes that outlive their simulator (the pid stays on the board)."""
-    workers = []
-    for role in roles:
-        code = (f"import kfdtool.sim.workload as w, time; w.main(['--sim', 'mi308x', '--role', '{role}', "
-                f"'--queues', '2', '--waves', '200']); time.sleep(600)")
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().startswith("ready"), f"{role} did not start"
-        workers.append(proc)
-    return workers
+    return spawn_workers(*roles, linger=True)
 
 
 def test_a_simulator_stopped_under_lv3_clients_leaves_them_at_lv1_until_one_answers_again(setup):
@@ -889,10 +884,7 @@ def test_a_simulator_stopped_under_lv3_clients_leaves_them_at_lv1_until_one_answ
         wait_for(lambda: s.board.read_slot(lp2).level == 3, "the new LP at Lv3", timeout=10,
                  why=lambda: s.status(workers[3])["why"])
         s.lp = workers[3]
-        s.set_active(hp2, True)
-        wait_for(s.lp_suspended, "a suspend on the new simulator")
-        s.set_active(hp2, False)
-        wait_for(s.lp_running, "resume")
+        s.one_request(hp2)
     finally:
         for proc in workers:
             proc.kill()
