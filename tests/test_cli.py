@@ -66,6 +66,20 @@ def test_queues_of_simulated_workloads(sim):
             os.kill(pid, 9)
 
 
+def test_a_kfd_process_on_no_gpu_still_has_its_row(sim):
+    """A process that opened /dev/kfd and nothing else (a debugger, the xsched-lv3 daemon) is counted
+    in the title and shown, not left out of the table."""
+    code = ("import sys, time; from kfdtool.sim import runner; from kfdtool.device import KfdDevice; "
+            "k = KfdDevice(runner.machine('mi308x').open_kfd()); print('open', flush=True); sys.stdin.readline()")
+    opener = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert opener.stdout.readline().strip() == "open"
+        table = run_cli("--sim", "mi308x", "queues", "-p", str(opener.pid)).stdout
+        assert "1 KFD processes, 0 queues" in table and str(opener.pid) in table, table
+    finally:
+        opener.communicate("\n", timeout=10)
+
+
 def test_no_processes_is_said_honestly(sim_dir):
     start("mi210")
     deadline = time.monotonic() + 5

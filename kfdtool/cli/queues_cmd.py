@@ -115,7 +115,9 @@ def _print_table(scan, rates, dt):
         if p.container_pid:
             name += f" (ns pid {p.container_pid})"
         first = True
-        for gpu in p.gpu_ids:
+        # a KFD process on no GPU yet (opened /dev/kfd only: a debugger such as the xsched-lv3
+        # daemon) still gets its row, so the rows add up to the title's count
+        for gpu in p.gpu_ids or ["-"]:
             queues = [q for q in p.queues if q.gpu_id == gpu] or [None]
             sdma = f"{rates[(p.pid, gpu)][0]:.1f}%" if (p.pid, gpu) in rates else p.sdma_us.get(gpu)
             evicted = f"{rates[(p.pid, gpu)][1]:.0f}/s" if (p.pid, gpu) in rates else p.evicted_ms.get(gpu)
