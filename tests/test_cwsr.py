@@ -519,3 +519,21 @@ def test_resume_all_of_a_process_we_debug_leaves_us_its_debugger(sim, victim):
         assert all(q["active"] for q in states(sim, victim).values())
     finally:
         kfd.close()
+
+
+def test_debugging_a_process_that_never_opened_kfd_makes_it_none(sim):
+    """ENABLE by a ptrace parent would create a KFD process (kfd_ioctl_set_debug_trap calls
+    kfd_create_process); kfdtool's question before ENABLE looks the target up without creating it,
+    so a process that never used the GPU is refused (ESRCH) and stays no KFD process."""
+    from kfdtool.sysfs import SysfsRoot
+    sleeper = subprocess.Popen(["sleep", "30"])
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with pytest.raises(errors.ProcessNotFound):
+            DebugTrapSuspend(kfd, sleeper.pid)
+        assert not (SysfsRoot(sim.sysfs_root).proc / str(sleeper.pid)).exists()
+        assert ptrace.tracer_of(sleeper.pid) in (0, None)
+    finally:
+        kfd.close()
+        sleeper.kill()
+        sleeper.wait()
