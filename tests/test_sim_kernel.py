@@ -598,6 +598,50 @@ def _read_or_empty(fd):
         return b""
 
 
+def test_enable_whose_runtime_info_copy_faults_stays_enabled(client):
+    """kfd_debug.c: kfd_dbg_trap_enable sets debug_trap_enabled before copying runtime_info out; a
+    copy that faults deactivates and answers EFAULT, but the target stays debug-enabled (a second
+    ENABLE is EALREADY, DISABLE works), and the size is written back all the same."""
+    args = s.kfd_ioctl_dbg_trap_args(op=c.kfd_dbg_trap_operations.KFD_IOC_DBG_TRAP_ENABLE, pid=os.getpid())
+    args.enable.dbg_fd, args.enable.rinfo_ptr, args.enable.rinfo_size = client.kfd.fd, 0x1000, 8
+    with pytest.raises(errors.BadAddress):
+        client.kfd.ioctl("DBG_TRAP", args)
+    assert args.enable.rinfo_size == ctypes.sizeof(s.kfd_runtime_info)
+    with pytest.raises(errors.AlreadyDebugged):
+        client.enable_debug()
+    client.dbg("DISABLE")
+    client.enable_debug()                             # disabled: enables again
+    client.dbg("DISABLE")
+
+
+def test_runlist_updates_follow_whether_a_queue_is_mapped(client, sim):
+    """kfd_device_queue_manager.c (HWS): create_queue_cpsch and destroy_queue_cpsch run
+    execute_queues_cpsch only for an active queue; process_termination_cpsch runs it once per
+    device of an exiting process, whatever its queues were."""
+    from kfdtool.cli.sim_cmd import spawn_workload
+    gpu = client.gpus[0]
+
+    def remaps(on=gpu):
+        return client.ctl("status")["remaps"][str(on)]
+    before = remaps()
+    qid = client.rt.create_queue(gpu)                 # active: mapped
+    assert remaps() == before + 1
+    q = client.rt.queues[qid]
+    client.kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(q["ring_base"], qid, q["ring_size"], 0, 7))
+    inactive = remaps()
+    client.rt.destroy_queue(qid)                      # not mapped: no runlist update
+    assert remaps() == inactive
+    pid = spawn_workload("mi308x", "exiting", queues=1)
+    proc_dir = sim.sysfs_root / f"class/kfd/kfd/proc/{pid}"
+    its_gpu = int((proc_dir / "queues" / os.listdir(proc_dir / "queues")[0] / "gpuid").read_text())
+    at_exit = remaps(its_gpu)
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 5
+    while proc_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert remaps(its_gpu) == at_exit + 1
+
+
 def test_process_exit_removes_proc_entry(sim):
     from kfdtool.cli.sim_cmd import spawn_workload
     pid = spawn_workload("mi308x", "short-lived", queues=2)

@@ -107,20 +107,23 @@ class DbgTrap:
                 raise SimErrno(errno.ENODEV)
         if not _fd_is_open(caller.pid, a.enable.dbg_fd):
             raise SimErrno(errno.EBADF)
-        activate = target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED   # else deferred to RUNTIME_ENABLE
-        if activate:
-            self._activate_cu_workaround(target)     # kfd_dbg_trap_activate; its result is ignored
+        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:   # else deferred to RUNTIME_ENABLE
+            self._activate_cu_workaround(target)  # kfd_dbg_trap_activate (its result is ignored): per
+            for gpu in target.gpu_ids:            # device, the debug VMID reserved or the runlist refreshed
+                self.kfd.execute_queues(self.kfd.devices[gpu])
         target.debug_trap_enabled = True
-        target.exception_mask = a.enable.exception_mask
         if target.debugger is not None:           # kfd_dbg_trap_enable: the debugger_process's count
             target.debugger.debugged_count += 1
         info = s.kfd_runtime_info(target.r_debug, target.runtime_state, target.ttmp_setup)
-        if a.enable.rinfo_ptr and a.enable.rinfo_size:
-            mem.write(a.enable.rinfo_ptr, bytes(info)[:min(a.enable.rinfo_size, ctypes.sizeof(info))])
+        copy = min(a.enable.rinfo_size, ctypes.sizeof(info))
         a.enable.rinfo_size = ctypes.sizeof(info)
-        if activate:                              # kfd_dbg_trap_activate: per device of the process, the
-            for gpu in target.gpu_ids:            # debug VMID reserved or the runlist refreshed (a remap)
-                self.kfd.execute_queues(self.kfd.devices[gpu])
+        try:
+            mem.write(a.enable.rinfo_ptr, bytes(info)[:copy])
+        except SimErrno:
+            # a runtime_info copy that faults: deactivated, EFAULT, yet left debug-enabled (and counted)
+            self._deactivate(target)
+            raise
+        target.exception_mask = a.enable.exception_mask   # kfd_ioctl_set_debug_trap: only `if (!r)`
         return 0
 
     def _activate_cu_workaround(self, target):

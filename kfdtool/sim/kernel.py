@@ -169,8 +169,15 @@ class SimKfd:
                     self.dbg.disable(target)
                     if proc.debugged_count == 0:
                         break                         # as the kernel: it stops counting down at zero
+        had_active = {q.gpu_id for q in proc.queues.values() if q.is_active}
         for q in list(proc.queues.values()):
             self._remove_queue(proc, q)
+        for gpu in proc.gpu_ids:
+            dev = self.devices[gpu]
+            # process_termination_cpsch: one runlist update per HWS device of the process, queues or
+            # not; on MES a REMOVE_QUEUE only for the queues that were mapped
+            if not dev.uses_mes or gpu in had_active:
+                self.execute_queues(dev)
         self.signal_pages.pop(pid, None)
         for key in [k for k in self.mapped_on if k[0] == pid]:
             del self.mapped_on[key]
@@ -351,7 +358,8 @@ class SimKfd:
         q.is_dbg_wa = proc.debug_trap_enabled and dev.has_cwsr_workaround
         proc.queues = {qid: q, **proc.queues}            # list_add: the newest queue comes first
         self.sysfs.add_queue(proc.pid, qid, q.ring_size, self._sysfs_type(q.queue_type), dev.gpu_id)
-        self.execute_queues(dev)
+        if q.is_active:                                  # create_queue_cpsch maps only an active queue
+            self.execute_queues(dev)
         a.queue_id = qid
         a.doorbell_offset = KFD_MMAP_TYPE_DOORBELL | (dev.gpu_id << 46) | (qid * 8)
         return 0
@@ -383,8 +391,10 @@ class SimKfd:
     def _finish_destroy(self, proc, q):
         q.being_destroyed = False
         if proc.queues.get(q.qid) is q:
+            was_active = q.is_active
             self._remove_queue(proc, q)
-            self.execute_queues(self.devices[q.gpu_id])
+            if was_active:                               # destroy_queue_cpsch unmaps only an active queue
+                self.execute_queues(self.devices[q.gpu_id])
         return 0
 
     def _remove_queue(self, proc, q):
