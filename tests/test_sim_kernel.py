@@ -134,6 +134,36 @@ def test_create_queue_validation(client, field, value, err):
     assert info.value.errno == err
 
 
+@pytest.mark.parametrize("asked", [0, 512])
+def test_a_ring_below_the_minimum_is_clamped_and_said(client, asked):
+    """kfd_chardev.c: set_queue_properties_from_user clamps a ring_size below KFD_MIN_QUEUE_RING_SIZE
+    to it (after the power-of-2-or-0 check) and CREATE_QUEUE copies the argument back: the caller
+    reads 1024, and the queue's ring is 1024 bytes (a 4 KiB mapping)."""
+    rt, gpu = client.rt, client.gpus[0]
+    qid = rt.create_queue(gpu)
+    snap, _ = client_snapshot(client)
+    args = s.kfd_ioctl_create_queue_args(
+        ring_base_address=rt.alloc(gpu, 4096), ring_size=asked, gpu_id=gpu, queue_type=2, queue_percentage=100,
+        queue_priority=7, read_pointer_address=snap["rptr"], write_pointer_address=snap["wptr"],
+        ctx_save_restore_address=snap["ctx"], ctx_save_restore_size=snap["ctx_size"],
+        ctl_stack_size=8192)
+    client.kfd.ioctl("CREATE_QUEUE", args)
+    assert args.ring_size == c.KFD_MIN_QUEUE_RING_SIZE
+    size = client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/queues/{args.queue_id}/size"
+    assert int(size.read_text()) == c.KFD_MIN_QUEUE_RING_SIZE
+    client.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(args.queue_id, 0))
+    rt.destroy_queue(qid)
+
+
+def test_create_queue_checks_the_ring_address_before_its_size(client):
+    """set_queue_properties_from_user: access_ok of ring_base_address (EFAULT) comes before the
+    power-of-2 check of ring_size (EINVAL)."""
+    args = s.kfd_ioctl_create_queue_args(ring_base_address=1 << 48, ring_size=3000, gpu_id=client.gpus[0],
+                                         queue_type=2, queue_percentage=100, queue_priority=7)
+    with pytest.raises(errors.BadAddress):
+        client.kfd.ioctl("CREATE_QUEUE", args)
+
+
 def client_snapshot(client):
     client.enable_debug()
     try:

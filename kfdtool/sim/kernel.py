@@ -315,13 +315,19 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         if a.queue_priority > c.KFD_MAX_QUEUE_PRIORITY:
             raise SimErrno(errno.EINVAL)
+        # set_queue_properties_from_user's order: the ring's address, its size a power of 2 or 0,
+        # then a size below the minimum clamped to it (copied back: CREATE_QUEUE is IOWR), then the
+        # other pointers
+        if not access_ok(a.ring_base_address):
+            raise SimErrno(errno.EFAULT)
         if a.ring_size and a.ring_size & (a.ring_size - 1):
             raise SimErrno(errno.EINVAL)
+        a.ring_size = max(a.ring_size, c.KFD_MIN_QUEUE_RING_SIZE)
         meta = getattr(a, "metadata_ring_size", 0)
         if meta and meta & (meta - 1):
             raise SimErrno(errno.EINVAL)
-        for addr in (a.ring_base_address, a.write_pointer_address, a.read_pointer_address,
-                     a.eop_buffer_address, a.ctx_save_restore_address):
+        for addr in (a.write_pointer_address, a.read_pointer_address, a.eop_buffer_address,
+                     a.ctx_save_restore_address):
             if not access_ok(addr):
                 raise SimErrno(errno.EFAULT)
         if QUEUE_TYPES_SINCE.get(a.queue_type, 99) > self.abi.minor:
