@@ -579,6 +579,23 @@ def test_a_debugged_process_turning_its_runtime_on_waits_for_its_debugger(client
         client.dbg("DISABLE")
 
 
+def test_a_runtime_turned_off_under_a_debugger_loses_its_debug_flags(client):
+    """kfd_debug.c: kfd_dbg_trap_deactivate sets the debug flags to 0 (kfd_dbg_trap_set_flags), so
+    after the runtime went off and on again SET_FLAGS reports 0 as the previous flags."""
+    client.enable_debug()
+    try:
+        client.dbg("SET_FLAGS", "set_flags", flags=1)
+        for mode in (RUNTIME_OFF, RUNTIME_ON):
+            with runtime_call_on_a_thread(client, mode) as returned:
+                assert not returned.wait(0.3)
+                client.dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME)
+                assert returned.wait(5)
+        _, args = client.dbg("SET_FLAGS", "set_flags", flags=0)
+        assert args.set_flags.flags == 0
+    finally:
+        client.dbg("DISABLE")
+
+
 def test_sched_policy_2_refuses_debugger(sim_dir):
     """kfd_chardev.c: kfd_ioctl_set_debug_trap refuses every op without HWS. The Vega10 capture
     predates gfx_target_version in sysfs; gfx900 is SOC15 (kfd_debug.c: kfd_dbg_trap_enable

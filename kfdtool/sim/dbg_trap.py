@@ -142,11 +142,12 @@ class DbgTrap:
         return 0
 
     def _deactivate(self, target):
-        """kfd_dbg_trap_deactivate (not an unwind): the CU workaround goes and every suspended
-        queue is resumed (resume_queues(target, 0, NULL))."""
+        """kfd_dbg_trap_deactivate (not an unwind): every suspended queue is resumed
+        (resume_queues(target, 0, NULL)), the debug flags are cleared and the CU workaround goes."""
         for q in target.queues.values():
             q.is_dbg_wa = False
         self._resume(target, None)
+        target.dbg_flags = 0                      # kfd_dbg_trap_set_flags(target, 0)
 
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
