@@ -596,6 +596,26 @@ def test_a_runtime_turned_off_under_a_debugger_loses_its_debug_flags(client):
         client.dbg("DISABLE")
 
 
+def test_destroying_a_queue_of_a_debugged_process_raises_a_device_event(client):
+    """kfd_device_queue_manager.c: destroy_queue_cpsch raises EC_DEVICE_QUEUE_DELETE (a device
+    exception: kfd_dbg_ev_raise sets it on the queue's device); kfd_dbg_ev_query_debug_event reports
+    device events after queue events, with that device's gpu_id and queue_id 0, once."""
+    gpu = client.gpus[0]
+    delete = c.KFD_EC_MASK(c.EC_DEVICE_QUEUE_DELETE)
+    qid = client.rt.create_queue(gpu)
+    client.enable_debug()
+    try:
+        client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=delete)
+        client.rt.destroy_queue(qid)
+        _, args = client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=delete)
+        event = args.query_debug_event
+        assert event.exception_mask & delete and (event.gpu_id, event.queue_id) == (gpu, 0)
+        with pytest.raises(errors.Busy):                  # cleared by the query
+            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=delete)
+    finally:
+        client.dbg("DISABLE")
+
+
 def test_sched_policy_2_refuses_debugger(sim_dir):
     """kfd_chardev.c: kfd_ioctl_set_debug_trap refuses every op without HWS. The Vega10 capture
     predates gfx_target_version in sysfs; gfx900 is SOC15 (kfd_debug.c: kfd_dbg_trap_enable

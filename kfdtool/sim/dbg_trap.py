@@ -161,6 +161,7 @@ class DbgTrap:
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
             self._resume(target, None)
         target.exception_status = 0
+        target.device_exceptions.clear()
         for q in target.queues.values():
             q.exception_status = 0
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
@@ -204,8 +205,9 @@ class DbgTrap:
     def query_debug_event(self, caller, target, a, mem):
         """kfd_debug.c: kfd_dbg_ev_query_debug_event: the first queue, in the process's queue list
         (newest first), with an exception the mask enables reports its whole status, its id and
-        GPU, and loses the bits asked to clear; then device exceptions (none simulated), then the
-        process's own (EC_PROCESS_RUNTIME); nothing pending is -EAGAIN."""
+        GPU, and loses the bits asked to clear; then the first device of the process with one
+        (EC_DEVICE_QUEUE_DELETE: its gpu_id, queue_id 0), then the process's own (EC_PROCESS_RUNTIME);
+        nothing pending is -EAGAIN."""
         args = a.query_debug_event
         clear = args.exception_mask
         args.gpu_id = args.queue_id = 0
@@ -214,6 +216,12 @@ class DbgTrap:
             if target.exception_mask & q.exception_status:
                 args.gpu_id, args.queue_id = q.gpu_id, q.qid
                 args.exception_mask, q.exception_status = q.exception_status, q.exception_status & ~clear
+                return 0
+        for gpu in target.gpu_ids:                            # the process's devices (pdds), in order
+            status = target.device_exceptions.get(gpu, 0)
+            if target.exception_mask & status:
+                args.gpu_id, args.exception_mask = gpu, status
+                target.device_exceptions[gpu] = status & ~clear
                 return 0
         if target.exception_mask & target.exception_status:
             args.exception_mask, target.exception_status = target.exception_status, target.exception_status & ~clear

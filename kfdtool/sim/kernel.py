@@ -401,6 +401,9 @@ class SimKfd:
             self._remove_queue(proc, q)
             if was_active:                               # destroy_queue_cpsch unmaps only an active queue
                 self.execute_queues(self.devices[q.gpu_id])
+            if proc.debug_trap_enabled:                  # ... and raises a device event for a debugger
+                mask = c.KFD_EC_MASK(c.EC_DEVICE_QUEUE_DELETE)       # (kfd_dbg_ev_raise, source -1)
+                proc.device_exceptions[q.gpu_id] = proc.device_exceptions.get(q.gpu_id, 0) | mask
         return 0
 
     def _remove_queue(self, proc, q):

@@ -75,6 +75,7 @@ class SimProcess:
     debugged_count: int = 0
     exception_mask: int = 0
     exception_status: int = 0                           # process-level exceptions (EC_PROCESS_*) raised
+    device_exceptions: dict = field(default_factory=dict)   # gpu_id -> pdd->exception_status (EC_DEVICE_*)
     runtime_sema: int = 0                               # runtime_enable_sema: ups not yet taken
     dbg_flags: int = 0
     queues: dict = field(default_factory=dict)          # qid -> SimQueue, insertion = creation order
