@@ -612,8 +612,36 @@ def test_destroying_a_queue_of_a_debugged_process_raises_a_device_event(client):
         assert event.exception_mask & delete and (event.gpu_id, event.queue_id) == (gpu, 0)
         with pytest.raises(errors.Busy):                  # cleared by the query
             client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=delete)
+        # GET_DEVICE_SNAPSHOT shows a device's status and clears what it is asked to, before the copy
+        client.rt.destroy_queue(client.rt.create_queue(gpu))
+        assert device_status(client, gpu) == delete       # mask 0: shown, kept
+        assert device_status(client, gpu, clear=delete) == delete
+        assert device_status(client, gpu) == 0
+        client.rt.destroy_queue(client.rt.create_queue(gpu))
+        client.dbg("DISABLE")                             # kfd_dbg_clean_exception_status: gone too
+        client.enable_debug()
+        client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=delete)
+        with pytest.raises(errors.Busy):
+            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=delete)
     finally:
         client.dbg("DISABLE")
+    client.rt.destroy_queue(client.rt.create_queue(gpu))  # not debugged: kfd_dbg_ev_raise raises nothing
+    client.enable_debug()
+    try:
+        client.dbg("SET_EXCEPTIONS_ENABLED", "set_exceptions_enabled", exception_mask=delete)
+        with pytest.raises(errors.Busy):
+            client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=delete)
+    finally:
+        client.dbg("DISABLE")
+
+
+def device_status(client, gpu, clear=0):
+    """The exception status GET_DEVICE_SNAPSHOT reports for `gpu` (clearing `clear`)."""
+    entry = s.kfd_dbg_device_info_entry
+    buf = (entry * 16)()
+    _, args = client.dbg("GET_DEVICE_SNAPSHOT", "device_snapshot", snapshot_buf_ptr=ctypes.addressof(buf),
+                         num_devices=16, entry_size=ctypes.sizeof(entry), exception_mask=clear)
+    return next(e.exception_status for e in buf[:args.device_snapshot.num_devices] if e.gpu_id == gpu)
 
 
 def test_sched_policy_2_refuses_debugger(sim_dir):
@@ -671,11 +699,16 @@ def test_enable_whose_runtime_info_copy_faults_stays_enabled(client):
     ENABLE is EALREADY, DISABLE works), and the size is written back all the same."""
     args = s.kfd_ioctl_dbg_trap_args(op=c.kfd_dbg_trap_operations.KFD_IOC_DBG_TRAP_ENABLE, pid=os.getpid())
     args.enable.dbg_fd, args.enable.rinfo_ptr, args.enable.rinfo_size = client.kfd.fd, 0x1000, 8
+    args.enable.exception_mask = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
     with pytest.raises(errors.BadAddress):
         client.kfd.ioctl("DBG_TRAP", args)
     assert args.enable.rinfo_size == ctypes.sizeof(s.kfd_runtime_info)
     with pytest.raises(errors.AlreadyDebugged):
         client.enable_debug()
+    # the exception mask was not taken (`if (!r)`): a pending EC_QUEUE_NEW is not reported
+    client.rt.create_queue(client.gpus[0])
+    with pytest.raises(errors.Busy):
+        client.dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=0)
     client.dbg("DISABLE")
     client.enable_debug()                             # disabled: enables again
     client.dbg("DISABLE")
@@ -698,6 +731,12 @@ def test_runlist_updates_follow_whether_a_queue_is_mapped(client, sim):
     inactive = remaps()
     client.rt.destroy_queue(qid)                      # not mapped: no runlist update
     assert remaps() == inactive
+    client.ctl("evict", pid=os.getpid())              # a queue created while evicted is not mapped either
+    evicted = remaps()
+    qid = client.rt.create_queue(gpu)
+    assert remaps() == evicted
+    client.ctl("restore", pid=os.getpid())
+    client.rt.destroy_queue(qid)
     pid = spawn_workload("mi308x", "exiting", queues=1)
     proc_dir = sim.sysfs_root / f"class/kfd/kfd/proc/{pid}"
     its_gpu = int((proc_dir / "queues" / os.listdir(proc_dir / "queues")[0] / "gpuid").read_text())

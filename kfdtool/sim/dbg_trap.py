@@ -337,7 +337,9 @@ class DbgTrap:
     def device_snapshot(self, caller, target, a, mem):
         """kfd_debug.c: kfd_dbg_trap_device_snapshot: only a NULL buffer is -EINVAL (entry_size is
         passed by pointer, so 0 is a valid size that copies nothing); the count becomes the
-        target's device count, entry_size is cut to the kernel's entry and the user's stride kept."""
+        target's device count, entry_size is cut to the kernel's entry and the user's stride kept;
+        each entry carries its device's exception status, which loses the bits asked to clear
+        before the entry is copied."""
         args = a.device_snapshot
         if not args.snapshot_buf_ptr:
             raise SimErrno(errno.EINVAL)
@@ -351,7 +353,10 @@ class DbgTrap:
                            gfx_target_version=p.get("gfx_target_version", 0), simd_count=p.get("simd_count", 0),
                            max_waves_per_simd=p.get("max_waves_per_simd", 0), array_count=p.get("array_count", 0),
                            simd_arrays_per_engine=p.get("simd_arrays_per_engine", 0), num_xcc=p.get("num_xcc", 1),
-                           capability=p.get("capability", 0), debug_prop=p.get("debug_prop", 0))
+                           capability=p.get("capability", 0), debug_prop=p.get("debug_prop", 0),
+                           exception_status=target.device_exceptions.get(dev.gpu_id, 0))
+            if args.exception_mask:
+                target.device_exceptions[dev.gpu_id] = entry.exception_status & ~args.exception_mask
             mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
         args.num_devices, args.entry_size = len(devices), copy
         return 0

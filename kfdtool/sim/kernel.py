@@ -354,7 +354,7 @@ class SimKfd:
         qid = proc.lowest_free_qid()
         if qid is None:
             raise SimErrno(errno.ENOMEM)
-        q = SimQueue(qid, dev.gpu_id, a.queue_type, a.ring_base_address, max(a.ring_size, 1024) if a.ring_size else 0,
+        q = SimQueue(qid, dev.gpu_id, a.queue_type, a.ring_base_address, a.ring_size,
                      a.write_pointer_address, a.read_pointer_address, a.ctx_save_restore_address,
                      a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
                      (a.queue_percentage >> 8) & 0xFF, meta)
