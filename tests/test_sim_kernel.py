@@ -155,6 +155,30 @@ def test_a_ring_below_the_minimum_is_clamped_and_said(client, asked):
     rt.destroy_queue(qid)
 
 
+def test_queue_buffers_must_start_their_mapping(client):
+    """kfd_queue.c: kfd_queue_buffer_get wants the address where a mapping starts, and the mapping
+    exactly the expected number of pages, unless that is under a page (then only the start is
+    checked): a ring 4 KiB into an 8 KiB buffer is EINVAL at CREATE_QUEUE, and UPDATE_QUEUE with a
+    ring size under a page (pqm_update_queue_properties passes it unaligned) accepts the queue's own
+    larger ring."""
+    rt, gpu = client.rt, client.gpus[0]
+    qid = rt.create_queue(gpu)
+    snap, _ = client_snapshot(client)
+    buf = rt.alloc(gpu, 8192)
+    args = s.kfd_ioctl_create_queue_args(
+        ring_base_address=buf + 4096, ring_size=4096, gpu_id=gpu, queue_type=2, queue_percentage=100,
+        queue_priority=7, read_pointer_address=snap["rptr"], write_pointer_address=snap["wptr"],
+        ctx_save_restore_address=snap["ctx"], ctx_save_restore_size=snap["ctx_size"], ctl_stack_size=8192)
+    with pytest.raises(errors.InvalidArgument):
+        client.kfd.ioctl("CREATE_QUEUE", args)
+    ring = rt.queues[qid]["ring_base"]
+    client.kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(ring, qid, 0, 100, 7))   # 1024 after the clamp
+    assert client.queues()[qid]["active"] is True
+    with pytest.raises(errors.BadAddress):                # a whole page or more: the mapping's exact size
+        client.kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(ring, qid, 8192, 100, 7))
+    rt.destroy_queue(qid)
+
+
 def test_create_queue_checks_the_ring_address_before_its_size(client):
     """set_queue_properties_from_user: access_ok of ring_base_address (EFAULT) comes before the
     power-of-2 check of ring_size (EINVAL)."""

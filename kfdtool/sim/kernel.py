@@ -295,10 +295,14 @@ class SimKfd:
         return dev
 
     def find_bo(self, proc, addr, size, what):
-        """kfd_queue_buffer_get: `addr` must lie in one mapping of exactly `size` bytes."""
+        """kfd_queue.c: kfd_queue_buffer_get: `addr` must be where a mapping starts and, unless `size`
+        is under a page (then only the start is checked), the mapping is exactly `size >> 12` pages."""
+        pages = size >> 12
         for bo in proc.bos.values():
             if bo.contains(addr):
-                if bo.size != size:
+                if bo.va != addr:
+                    raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is inside a mapping that starts at {bo.va:#x}")
+                if pages and page_align(bo.size) >> 12 != pages:
                     raise SimErrno(errno.EINVAL, f"{what}: mapping is {bo.size} bytes, expected {size}")
                 return bo
         raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is not mapped")
@@ -423,7 +427,8 @@ class SimKfd:
         q = self.find_queue(proc, a.queue_id)
         if a.ring_base_address and ring_size:
             try:
-                self.find_bo(proc, a.ring_base_address, page_align(ring_size + q.metadata_ring_size), "ring")
+                # pqm_update_queue_properties passes the size as it is: under a page only the start counts
+                self.find_bo(proc, a.ring_base_address, ring_size + q.metadata_ring_size, "ring")
             except SimErrno:
                 raise SimErrno(errno.EFAULT, "ring address/size is not the queue's mapped ring") from None
         dev = self.devices[q.gpu_id]
