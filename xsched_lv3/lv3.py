@@ -366,9 +366,9 @@ class Lv3Engine:
         if now < self.runtime_poll_at:
             return
         self.runtime_poll_at = now + RUNTIME_POLL_S
-        for c in [c for c in self.clients.values() if c.mech is not None]:
+        for c in list(self.clients.values()):
             if c.mech is None:
-                continue                    # forgotten meanwhile: its simulated KFD went away
+                continue                    # not attached, or forgotten meanwhile (its simulated KFD went away)
             try:
                 answered = c.mech.answer_runtime_event()
             except SimulatorError as e:

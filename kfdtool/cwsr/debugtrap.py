@@ -279,11 +279,7 @@ class DebugTrapSuspend(Mechanism):
             try:
                 self._disable()
             finally:
-                self._held.clear()
-                if self._events is not None:
-                    self._close_events()
-                    self._events = None
-
+                self.abandon()
 
     def abandon(self):
         """Forget the target without a call: the connection it was debugged through is gone (a
@@ -301,18 +297,19 @@ class DebugTrapSuspend(Mechanism):
         us when we exit either: so become its ptrace parent for the call, which the kernel admits.
         If another tracer holds it (a debugger that did take over), the error is raised."""
         try:
-            self.kfd.dbg_trap("DISABLE", self.pid)
+            self._disable_call()
         except KfdIoctlError as e:
-            if e.errno == errno.ESRCH:                    # the target exited: nothing left to resume
-                return
             if e.errno != errno.EPERM or self.pid == os.getpid():
                 raise
             with _attached(self.pid):
-                try:
-                    self.kfd.dbg_trap("DISABLE", self.pid)
-                except KfdIoctlError as again:
-                    if again.errno != errno.ESRCH:
-                        raise
+                self._disable_call()
+
+    def _disable_call(self):
+        try:
+            self.kfd.dbg_trap("DISABLE", self.pid)
+        except KfdIoctlError as e:
+            if e.errno != errno.ESRCH:                    # the target exited: nothing left to resume
+                raise
 
 
 def _debug_enabled(kfd, pid):

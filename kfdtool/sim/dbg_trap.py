@@ -159,16 +159,13 @@ class DbgTrap:
         whose runtime is on is deactivated (its queues resumed: one whose runtime is off had them
         resumed when it went off); the deactivation's own runlist refreshes are not modelled."""
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
-            self._resume(target, None)
+            self._deactivate(target)
+        elif target.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
+            target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
         target.exception_status = 0
         target.device_exceptions.clear()
         for q in target.queues.values():
             q.exception_status = 0
-        if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
-            for q in target.queues.values():
-                q.is_dbg_wa = False
-        elif target.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
-            target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED
         debugger = target.debugger
         if debugger is not None and debugger is not target:
             # whoever holds the role now, as kfd_dbg_trap_disable's atomic_dec does: one that took it
