@@ -280,14 +280,21 @@ def fake_engine(tmp_path, monkeypatch):
     board.close()
 
 
+def hp_and_lp(fake_engine, now, hp_priority=10):
+    """fake_engine's two processes on the board, the first above the second, and an engine that has
+    synced once at `now`. Returns (board, engine, hp slot, lp slot, hp process, lp process)."""
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    hp = board.allocate(hp_proc.pid, hp_priority, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=now)
+    return board, engine, hp, lp, hp_proc, lp_proc
+
+
 def test_hysteresis_keeps_a_returning_hp_from_causing_a_resume_suspend_pair(fake_engine):
     """After the HP goes idle, the LP stays suspended for as long as its last suspend + resume took;
     an HP back within that time costs no switch, one back later gets a resume and a new suspend."""
-    board, make_engine, hp_proc, lp_proc = fake_engine
-    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
-    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
-    engine = make_engine()
-    engine.sync(now=100.0)
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
     assert board.read_slot(lp).level == 3 and FakeMechanism.calls == []     # attached, not suspended
     board.set_active(hp, True)
     engine.sync(now=100.001)
@@ -313,11 +320,7 @@ def test_a_client_whose_runtime_turns_off_is_answered_and_given_back_to_its_gate
     (kfd_chardev.c: runtime_disable / runtime_enable): the engine asks every RUNTIME_POLL_S,
     answers, and releases the client to its gate (its queues cannot be suspended meanwhile)."""
     import xsched_lv3.lv3 as lv3
-    board, make_engine, hp_proc, lp_proc = fake_engine
-    board.allocate(hp_proc.pid, 10, 0, DEVICE)
-    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
-    engine = make_engine()
-    engine.sync(now=100.0)
+    board, engine, _, lp, _, lp_proc = hp_and_lp(fake_engine, now=100.0)
     assert board.read_slot(lp).level == 3
     FakeMechanism.runtime_events.add(lp_proc.pid)
     engine.sync(now=100.0 + lv3.RUNTIME_POLL_S / 2)
@@ -389,11 +392,7 @@ def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_eng
     assert hold_for(0.002, [0.050] * 8) == 0.0                  # far apart: resume at once
     assert hold_for(0.002, [0.0005] * 8) == 0.002               # straight back: wait
     assert hold_for(0.002, [0.050] * 6 + [0.0005] * 2) == 0.0   # rarely back soon: a switch is cheaper
-    board, make_engine, hp_proc, lp_proc = fake_engine
-    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
-    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
-    engine = make_engine()
-    engine.sync(now=100.0)
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
     t = 100.0
     for k in range(4):                                # requests 50 ms apart
         board.set_active(hp, True)
@@ -628,11 +627,7 @@ def test_a_reused_or_stopped_daemon_pid_is_no_daemon(tmp_path):
 def test_a_process_that_gains_a_second_client_leaves_lv3(fake_engine):
     """Its queues are now also another client's (maybe a higher-priority thread of it): the daemon
     lets go of the process (resumed, debugger gone) and its gates take over."""
-    board, make_engine, other, proc = fake_engine
-    board.allocate(other.pid, 5, 0, DEVICE)
-    lp = board.allocate(proc.pid, 0, 0, DEVICE)
-    engine = make_engine()
-    engine.sync(now=10.0)
+    board, engine, _, lp, _, proc = hp_and_lp(fake_engine, now=10.0, hp_priority=5)
     assert board.read_slot(lp).level == 3
     top = board.allocate(proc.pid, 10, 1234, DEVICE)          # a thread of the same process, on top
     board.set_active(top, True)
