@@ -44,6 +44,7 @@ PAIRS = {                       # name: (HP model, batch), (LP model, batch)
     "r18b4-r50b64": (("resnet18", 4), ("resnet50", 64)),
     "encb1-vitb32": (("encoder", 1), ("vit_b_16", 32)),
     "r18b4-r50b256": (("resnet18", 4), ("resnet50", 256)),     # four times b64's work a kernel
+    "r18b4-r50b32train": (("resnet18", 4), ("resnet50", 32, "train")),   # training steps: backward and SGD too
 }
 PY = sys.executable
 
@@ -51,11 +52,13 @@ PY = sys.executable
 def commands(variant, pair, seconds, window_us=None):
     if variant.endswith("-baseline"):            # the same programs under another tree's scheduler, defaults
         return commands(variant.removesuffix("-baseline"), pair, seconds)
-    (hp_model, hp_batch), (lp_model, lp_batch) = PAIRS[pair]
+    (hp_model, hp_batch), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
+    train = lp_mode == ["train"]
     hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)]
-    lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)]
-    threads = [PY, str(WORK / "pair_threads.py"), "--hp", f"{hp_model}:{hp_batch}", "--lp", f"{lp_model}:{lp_batch}",
-               "--seconds", str(seconds)]
+    lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)] + \
+        ["--train"] * train
+    threads = [PY, str(WORK / "pair_threads.py"), "--hp", f"{hp_model}:{hp_batch}",
+               "--lp", f"{lp_model}:{lp_batch}" + ":train" * train, "--seconds", str(seconds)]
     return {
         "hp-alone": [hp],
         "lp-alone": [lp],
@@ -167,7 +170,8 @@ def table(paths):
     lines = ["| pair (HP / LP) | variant | runs | HP P50 / P99 (ms) | HP P99 vs alone | LP vs alone |",
              "|---|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
-             "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32", "r18b4-r50b256": "ResNet-18 b4 / ResNet-50 b256"}
+             "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32", "r18b4-r50b256": "ResNet-18 b4 / ResNet-50 b256",
+             "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training"}
     order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
              "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:

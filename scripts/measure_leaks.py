@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Coverage of the inline gate: GPU operations a low-priority job launches while it should be held.
 
-A batch job runs in one thread bound with `xt.client(priority=0)`; a high-priority client on the
+A batch job (inference, or with --train training steps: forward, backward, SGD) runs in one thread
+bound with `xt.client(priority=0)`; a high-priority client on the
 same board becomes active at random moments (for --active-ms each time) and idle again. Every ATen
-operation the job dispatches on the GPU is seen by a TorchDispatchMode on the job's thread; one
-dispatched while the high-priority client is marked active is a leak. What remains after the gate
+operation the job dispatches on the GPU is seen by a TorchDispatchMode on the job's thread (autograd
+carries it to its own thread for backward); one dispatched while the high-priority client is marked active is a leak. What remains after the gate
 is the race between a check and the next one: the operations a module launches after the last
 check it passed, before the high-priority client became active.
 
     python scripts/measure_leaks.py --model vit_b_16 --batch 32 --seconds 20
+    python scripts/measure_leaks.py --model resnet50 --batch 32 --train
 """
 import argparse
 import collections
@@ -24,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
 from benchlib import provenance  # noqa: E402
+from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 
@@ -33,6 +36,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--active-ms", type=float, default=3.0)
+    p.add_argument("--train", action="store_true", help="training steps instead of inference")
     p.add_argument("--out")
     args = p.parse_args()
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
@@ -62,11 +66,11 @@ def main():
     stop = threading.Event()
 
     def job():
-        with torch.no_grad(), xt.client(priority=0) as gate, Count():
+        step = make_step(model, x, args.train)
+        with xt.client(priority=0) as gate, Count():
             while not stop.is_set():
-                model(x)
-                torch.cuda.current_stream().synchronize()
-                counts["forwards"] += 1
+                step()
+                counts["iterations"] += 1
             counts["held"] = gate.waits
 
     t = threading.Thread(target=job)
@@ -85,8 +89,9 @@ def main():
     t.join()
     board.release(hp_slot)
     doc = {"benchmark": "gate coverage (leaks)", **provenance(), "torch": torch.__version__, "model": args.model,
-           "batch": args.batch, "seconds": args.seconds, "activations": state["activation"],
-           "ops": counts["ops"], "forwards": counts["forwards"], "ops_per_forward": counts["ops"] / max(1, counts["forwards"]),
+           "batch": args.batch, "train": args.train, "seconds": args.seconds, "activations": state["activation"],
+           "ops": counts["ops"], "iterations": counts["iterations"],
+           "ops_per_iteration": counts["ops"] / max(1, counts["iterations"]),
            "leaks": counts["leaks"], "activations_with_leaks": len(per_activation),
            "max_leaks_per_activation": max(per_activation.values(), default=0),
            "leaked_ops": dict(leaked_ops.most_common(15))}

@@ -47,6 +47,35 @@ def make(gpu):
     torch = types.ModuleType("torch")
     nn = types.ModuleType("torch.nn")
 
+    class Tensor:
+        """Only what autograd needs: a tensor that requires grad remembers the leaf module that made
+        it and that module's input; backward() walks that chain back."""
+        def __init__(self, requires_grad=False, made_by=None, source=None):
+            self.requires_grad, self.made_by, self.source = requires_grad, made_by, source
+            self.hooks = []
+
+        def register_hook(self, hook):
+            if not self.requires_grad:
+                raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+            self.hooks.append(hook)
+
+        def backward(self):
+            """As the CUDA autograd engine: on a thread of its own while the caller waits; from this
+            tensor back, each tensor's hooks run once its gradient is ready, then the backward kernel
+            of the module that made it (twice its forward's time)."""
+            def engine():
+                tensor = self
+                while tensor is not None:
+                    for hook in tensor.hooks:
+                        hook("grad")
+                    if tensor.made_by is not None:
+                        gpu.launch(tensor.made_by.name + ".backward", 2 * tensor.made_by.kernel_s)
+                    tensor = tensor.source
+            thread = threading.Thread(target=engine, name="autograd")
+            thread.start()
+            thread.join()
+    torch.Tensor = Tensor
+
     class Module:
         def __init__(self, *children, kernel_s=0.0, name="m"):
             self._modules = {str(i): c for i, c in enumerate(children)}
@@ -57,6 +86,8 @@ def make(gpu):
                 x = child(x)
             if not self._modules:
                 gpu.launch(self.name, self.kernel_s)
+                if isinstance(x, Tensor):
+                    return Tensor(x.requires_grad, self, x)
             return x
 
         def __call__(self, *args, **kwargs):
@@ -136,6 +167,22 @@ def make(gpu):
             selected.stream = before
     cuda.stream = stream
     torch.cuda = cuda
+
+    step_pre_hooks = []
+
+    class Optimizer:
+        """step(): the global step pre-hooks, then one kernel."""
+        def __init__(self, kernel_s=0.0, name="step"):
+            self.kernel_s, self.name = kernel_s, name
+
+        def step(self):
+            for hook in step_pre_hooks:
+                hook(self, (), {})
+            gpu.launch(self.name, self.kernel_s)
+    optim = types.ModuleType("torch.optim")
+    optim.Optimizer = Optimizer
+    optim.optimizer = types.SimpleNamespace(register_optimizer_step_pre_hook=step_pre_hooks.append)
+    torch.optim = optim
     # the private calls behind torch.cuda.current_stream(): (stream id, device index, device type)
     torch._C = types.SimpleNamespace(
         _cuda_getDevice=lambda: 0,

@@ -247,6 +247,83 @@ def test_work_a_parent_launches_between_its_children_is_gated(torch_fake):
     hp.close()
 
 
+def _hp_active_for(hp, seconds, ended):
+    """The high-priority client starts a request now and ends it `seconds` later (another thread)."""
+    hp.begin_request()
+
+    def finish():
+        time.sleep(seconds)
+        ended["at"] = time.monotonic()
+        hp._mark(False)
+    threading.Thread(target=finish).start()
+
+
+def test_a_training_clients_backward_is_held_while_a_higher_client_is_active(torch_fake):
+    torch, gpu, xt = torch_fake
+    hp = other_client(xt, priority=10)
+    ended = {}
+
+    class ArrivesDuringBackward(torch.nn.Module):
+        def forward(self, x):                      # the HP becomes active once backward reaches us
+            out = super().forward(x)
+            out.register_hook(lambda grad: _hp_active_for(hp, 0.05, ended))
+            return out
+    net = torch.nn.Module(*[torch.nn.Module(kernel_s=0.0002, name=f"lp{i}") for i in range(3)],
+                          ArrivesDuringBackward(kernel_s=0.0002, name="arrive"),
+                          *[torch.nn.Module(kernel_s=0.0002, name=f"lp{i}") for i in range(3, 6)])
+    with xt.client(priority=0) as gate:
+        assert gate.guarded
+        loss = net(torch.Tensor(requires_grad=True))
+        loss.backward()
+    names = [n for n, *_ in gpu.launched]
+    held = [gpu.launched_at[names.index(n)] for n in ("arrive.backward", "lp2.backward", "lp0.backward")]
+    assert min(held) >= ended["at"]                # none of that backward ran while the HP was active
+    assert gpu.launched_at[names.index("lp3.backward")] < ended["at"]     # what came before it did
+    assert gate.waits >= 1
+    hp.close()
+
+
+def test_a_training_clients_optimizer_step_waits_for_the_higher_client(torch_fake):
+    torch, gpu, xt = torch_fake
+    hp = other_client(xt, priority=10)
+    ended = {}
+    net, opt = model(torch, "lp", 4, 0.0001), torch.optim.Optimizer(kernel_s=0.0001)
+    with xt.client(priority=0):
+        net(torch.Tensor(requires_grad=True)).backward()
+        _hp_active_for(hp, 0.05, ended)
+        opt.step()
+    assert gpu.launched_at[[n for n, *_ in gpu.launched].index("step")] >= ended["at"]
+    hp.close()
+
+
+def test_the_window_bounds_a_backward_pass(torch_fake):
+    torch, gpu, xt = torch_fake
+    net = model(torch, "k", 40, 0.001)             # 40 ms forward, 80 ms backward
+    hp = other_client(xt, priority=10)             # registered, idle: the LP may run, windowed
+    with xt.client(priority=0, window_us=3000):
+        out = net(torch.Tensor(requires_grad=True))
+        torch.cuda.Stream().synchronize()
+        t0 = time.monotonic()
+        out.backward()
+        launch_done = time.monotonic()
+    assert gpu.busy_until - launch_done < 0.012    # ~the window and a segment, not 80 ms
+    assert launch_done - t0 > 0.06                 # backward was launched at the GPU's pace
+    hp.close()
+
+
+def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):
+    torch, gpu, xt = torch_fake
+    net = model(torch, "k", 5, 0.0)
+    with xt.client(priority=0) as gate:
+        out = net(torch.Tensor(requires_grad=True))
+        assert not gate.guarded
+    hooked, t = [], out
+    while t is not None:
+        hooked += t.hooks
+        t = t.source
+    assert hooked == []
+
+
 def test_unbound_threads_are_not_gated(torch_fake):
     torch, gpu, xt = torch_fake
     xt.install()

@@ -50,6 +50,7 @@ REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at 
 DAEMON_CHECK_S = 0.05                      # is the daemon (our Lv3) still there? At most this often
 REGISTER_TIMEOUT_S = 0.5                   # a daemon that does not answer: take a slot from the board
 WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
+BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forward commands (before_backward)
 
 
 class Gate:
@@ -344,15 +345,29 @@ class Gate:
         if not self._may_run and self.guarded:
             self._wait_turn(now)
 
-    def after_leaf(self):
-        """A leaf module launched its work: every `_per_sync` leaves, a sync point and the window."""
-        self._leaves += 1
-        if self._leaves >= self._per_sync:
+    def after_leaf(self, commands=1):
+        """A leaf module launched its work (`commands` of it): every `_per_sync` leaves, a sync point
+        and the window."""
+        before = self._leaves
+        self._leaves = leaves = before + commands
+        if leaves >= self._per_sync:
             self._sync_point()
-        elif self._leaves == self._look_after:
+        elif before < self._look_after <= leaves:
             self._look_back()
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
+
+    def before_backward(self, grad):
+        """A tensor hook on a guarded leaf's output: autograd calls it on its own thread once that
+        output's gradient is ready, i.e. after the backward work of the modules that used it and
+        before the leaf's own (the engine has set the stream that work runs on). The launching
+        thread waits inside backward() meanwhile, so the gate is not used by two threads at once.
+        A leaf's backward is counted as BACKWARD_COMMANDS: for the weighted layers that dominate it
+        (convolutions, linear layers) it computes both the input's and the weights' gradients, about
+        twice the forward's work, and the window sizes its segments by commands."""
+        if self.guarded:
+            self.after_leaf(BACKWARD_COMMANDS)
+        return None                                    # the gradient is left as it is
 
     def _sync_point(self):
         window, recorder = self.window, self.recorder

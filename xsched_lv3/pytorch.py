@@ -8,10 +8,16 @@ every thread of a process started by `xsched-lv3 run`, then
   * while a higher-priority client shares the GPU, asks the gate before every module call and
     after every leaf module (so work a parent launches between its children is gated too) whether
     it may launch now, and keeps its in-flight GPU work within the window.
+  * in training, gates the backward pass the same way: a leaf module's output that requires grad
+    gets a tensor hook, which autograd runs on its own thread just before that module's backward
+    work (the hook checks the gate and counts toward the window), and the optimizer's step is
+    checked before it launches (a global step pre-hook).
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
-streams alike. Not covered: kernels launched outside any module call (plain functions on tensors
-between two model calls), and the inside of a captured CUDA/HIP graph, which is one launch.
-A client with nobody above it pays one wrapper per module call and one board read per request.
+streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
+functions on tensors between two model calls, the loss), the backward of a leaf whose output is not
+a tensor (an LSTM's tuple: its neighbours' hooks still gate), and the inside of a captured CUDA/HIP
+graph, which is one launch. A client with nobody above it pays one wrapper per module call and one
+board read per request.
 
     import xsched_lv3.pytorch as xt
     xt.install()
@@ -118,6 +124,7 @@ def install():
         return
     import torch
     original = torch.nn.Module.__call__
+    tensor = torch.Tensor
 
     def scheduled_call(module, *args, **kwargs):
         state = _local.__dict__
@@ -130,6 +137,8 @@ def install():
             out = original(module, *args, **kwargs)
             if gate.guarded and not module._modules:
                 gate.after_leaf()
+                if isinstance(out, tensor) and out.requires_grad:
+                    out.register_hook(gate.before_backward)     # training: its backward is gated too
             return out
         gate = state.get("gate") or _process_gate
         if gate is None:
@@ -145,9 +154,21 @@ def install():
             gate.end_request()              # also when the request raised: never left active
         if gate.guarded and not module._modules:
             gate.after_leaf()
+            if isinstance(out, tensor) and out.requires_grad:
+                out.register_hook(gate.before_backward)
         return out
 
+    def before_optimizer_step(optimizer, args, kwargs):
+        gate = _local.__dict__.get("gate") or _process_gate
+        if gate is not None and gate.guarded:
+            gate.after_leaf()               # the backward's last segment is in flight: a sync point, a check
+        return None
+
     torch.nn.Module.__call__ = scheduled_call
+    optim = getattr(getattr(torch, "optim", None), "optimizer", None)
+    register_step_hook = getattr(optim, "register_optimizer_step_pre_hook", None)   # torch >= 2.0
+    if register_step_hook is not None:
+        register_step_hook(before_optimizer_step)
     _installed = True
 
 

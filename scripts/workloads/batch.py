@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""A batch inference job, as an ordinary PyTorch program (no scheduler imports): forward passes
-back to back, each result synchronized (as a job that consumes its outputs does). Prints one JSON
-line with its throughput over the measured interval.
+"""A batch job, as an ordinary PyTorch program (no scheduler imports): inference (forward passes)
+or, with --train, training steps (forward, backward, an SGD step), back to back, each synchronized
+(as a job that consumes its outputs does). Prints one JSON line with its throughput over the
+measured interval.
 
     python batch.py --model resnet50 --batch 16 --seconds 26
+    python batch.py --model resnet50 --batch 32 --train
 """
 import argparse
 import json
@@ -16,16 +18,26 @@ from benchlib import iterations_per_second  # noqa: E402  (the benchmarks' one c
 from models import MODELS, build, wait_for_start  # noqa: E402
 
 
-def run_batches(model, x, seconds, warmup_s, start_at):
-    """Iterations per second between start_at + warmup_s and start_at + seconds."""
+def make_step(model, x, train=False):
+    """One iteration, ended by a synchronize: a forward pass without autograd, or a training step
+    whose loss is a plain function of the output (any model's output has a mean)."""
     import torch
     stream = torch.cuda.current_stream()
+    if not train:
+        def step():
+            with torch.no_grad():
+                model(x)
+            stream.synchronize()
+        return step
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
     def step():
-        model(x)
+        optimizer.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+        optimizer.step()
         stream.synchronize()
-    with torch.no_grad():
-        return iterations_per_second(step, start_at, seconds, warmup_s)
+    return step
 
 
 def main():
@@ -34,12 +46,14 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--train", action="store_true", help="training steps instead of inference")
     args = p.parse_args()
     model, x = build(args.model, args.batch)
-    from serve import warm
-    warm(model, x, 10)
+    step = make_step(model, x, args.train)
+    for _ in range(10):
+        step()
     start_at = wait_for_start()
-    print(json.dumps({"lp_iters_per_s": run_batches(model, x, args.seconds, args.warmup_s, start_at)}), flush=True)
+    print(json.dumps({"lp_iters_per_s": iterations_per_second(step, start_at, args.seconds, args.warmup_s)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,26 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batch import run_batches  # noqa: E402
+from batch import make_step  # noqa: E402
 from models import build  # noqa: E402
 from serve import serve, warm  # noqa: E402
-from benchlib import open_loop  # noqa: E402  (serve's import put scripts/ on the path)
+from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
 def spec(text):
-    name, _, batch = text.partition(":")
-    return name, int(batch or 1)
+    """MODEL:BATCH[:train]"""
+    name, _, rest = text.partition(":")
+    batch, _, mode = rest.partition(":")
+    if mode not in ("", "train"):
+        raise argparse.ArgumentTypeError(f"{text}: want MODEL:BATCH or MODEL:BATCH:train")
+    return name, int(batch or 1), mode == "train"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hp", type=spec, default=("resnet18", 4))
-    p.add_argument("--lp", type=spec, default=("resnet50", 16))
+    p.add_argument("--hp", type=spec, default=("resnet18", 4, False))
+    p.add_argument("--lp", type=spec, default=("resnet50", 16, False),
+                   help="MODEL:BATCH, or MODEL:BATCH:train for training steps")
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
@@ -56,18 +61,25 @@ def main():
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
     def role(kind, priority, fn):
-        name, batch = args.hp if kind == "hp" else args.lp
+        name, batch, train = args.hp if kind == "hp" else args.lp
         stream = torch.cuda.Stream()
         options = {} if args.latency_slack is None or kind == "lp" else {"latency_slack": args.latency_slack}
         ctx = xt.client(priority=priority, **options) if xt else contextlib.nullcontext()
         with torch.cuda.stream(stream), ctx as gate:
             model, x = build(name, batch)
-            warm(model, x, 20 if kind == "hp" else 10)
+            if kind == "hp":
+                warm(model, x, 20)
+                work = (model, x)
+            else:
+                step = make_step(model, x, train)
+                for _ in range(10):
+                    step()
+                work = (step,)
             ready.wait()
             ready.wait()                       # the main thread has read the start time
             while time.monotonic() < go["at"]:
                 time.sleep(0.0005)
-            results.update(fn(model, x, go["at"], gate))
+            results.update(fn(*work, go["at"], gate))
             if xt:
                 results[f"{kind}_gate"] = gate.stats()
 
@@ -86,8 +98,8 @@ def main():
             return {"hp_latencies_s": open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)}
         threads.append(threading.Thread(target=role, args=("hp", 10, service)))
     if not args.no_lp:
-        threads.append(threading.Thread(target=role, args=("lp", 0, lambda m, x, t, gate: {
-            "lp_iters_per_s": run_batches(m, x, args.seconds, args.warmup_s, t)})))
+        threads.append(threading.Thread(target=role, args=("lp", 0, lambda step, t, gate: {
+            "lp_iters_per_s": iterations_per_second(step, t, args.seconds, args.warmup_s)})))
     for t in threads:
         t.start()
     ready.wait()
