@@ -8,11 +8,13 @@ alternating segments (so host drift hits them alike), each segment's iterations/
   guarded         a higher-priority client is registered but idle: checks on every module call,
                   progressive window (default size)
   guarded-nowin   the same with the window off (the checks alone)
+  guarded-nobwd   guarded, the backward hooks doing nothing (with --train: what gating backward costs)
   guarded-fresh   guarded, a new event per sync point (no reuse)                  (only with --configs)
   guarded-max32   guarded, sync points up to 32 leaves apart while the GPU keeps up (only with --configs)
 --event-costs first prints the CPU time of each event operation a sync point makes (GPU kept busy).
 
     python scripts/bench_gate_overhead.py --model resnet50 --batch 16 [--rounds 5] [--profile guarded]
+    python scripts/bench_gate_overhead.py --model resnet50 --batch 32 --train --configs none free guarded guarded-nobwd
     python scripts/bench_gate_overhead.py --rounds 9 --event-costs \
         --configs none free guarded-nowin guarded guarded-fresh guarded-max32
 """
@@ -31,10 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
 from benchlib import provenance, write_results  # noqa: E402
+from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "wrapper", "free", "guarded", "guarded-nowin")
-MORE_CONFIGS = ("guarded-fresh", "guarded-max32")
+MORE_CONFIGS = ("guarded-fresh", "guarded-max32", "guarded-nobwd")
 
 
 def event_costs(torch, n=20000):
@@ -61,6 +64,7 @@ def main():
     p.add_argument("--model", choices=MODELS, default="resnet50")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--segment-s", type=float, default=2.0)
+    p.add_argument("--train", action="store_true", help="training steps (forward, backward, SGD) instead of inference")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--configs", nargs="+", choices=CONFIGS + MORE_CONFIGS, default=list(CONFIGS))
     p.add_argument("--event-costs", action="store_true", help="first time each event operation of a sync point")
@@ -88,10 +92,9 @@ def main():
     default_max = window_module.MAX_COMMANDS_PER_SYNC
     shipped = torch.nn.Module.__call__
     model, x = build(args.model, args.batch)
-    with torch.no_grad():
-        for _ in range(10):
-            model(x)
-    torch.cuda.synchronize()
+    step = make_step(model, x, args.train)
+    for _ in range(10):
+        step()
     xt.install()
     wrapped = torch.nn.Module.__call__
 
@@ -103,13 +106,13 @@ def main():
         if config not in ("none", "wrapper"):
             recorder = FreshRecorder() if config == "guarded-fresh" else xt.TorchRecorder()
             gate = Gate(recorder, priority=0, window_us=0 if config == "guarded-nowin" else xt.DEFAULT_WINDOW_US)
+            if config == "guarded-nobwd":
+                gate.before_backward = lambda grad: None     # still registered, does nothing
         xt._process_gate = gate
         n, t0 = 0, time.monotonic()
-        with torch.no_grad():
-            while time.monotonic() - t0 < args.segment_s:
-                model(x)
-                torch.cuda.current_stream().synchronize()
-                n += 1
+        while time.monotonic() - t0 < args.segment_s:
+            step()
+            n += 1
         rate = n / (time.monotonic() - t0)
         blocked, syncs = (gate.blocked_syncs, gate.sync_points / n) if gate else (0, 0.0)
         xt._process_gate = None
@@ -130,7 +133,8 @@ def main():
             syncs[config].append(per_iter)
     base = statistics.median(rates["none"])
     doc = {"benchmark": "gate overhead, one process, alternating segments", **provenance(),
-           "torch": torch.__version__, "model": args.model, "batch": args.batch, "segment_s": args.segment_s,
+           "torch": torch.__version__, "model": args.model, "batch": args.batch, "train": args.train,
+           "segment_s": args.segment_s,
            "rounds": args.rounds, "configs": {}}
     if costs:
         doc["event_costs_us"] = costs

@@ -37,9 +37,12 @@ def main():
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--active-ms", type=float, default=3.0)
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
+    p.add_argument("--scheduler", metavar="CHECKOUT", help="measure this tree's xsched_lv3 (default: this one's)")
     p.add_argument("--out")
     args = p.parse_args()
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
+    if args.scheduler:
+        sys.path.insert(0, str(Path(args.scheduler).resolve()))
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     import xsched_lv3.pytorch as xt
@@ -89,7 +92,8 @@ def main():
     t.join()
     board.release(hp_slot)
     doc = {"benchmark": "gate coverage (leaks)", **provenance(), "torch": torch.__version__, "model": args.model,
-           "batch": args.batch, "train": args.train, "seconds": args.seconds, "activations": state["activation"],
+           "batch": args.batch, "train": args.train,
+           "scheduler": str(Path(xt.__file__).resolve().parents[1]), "seconds": args.seconds, "activations": state["activation"],
            "ops": counts["ops"], "iterations": counts["iterations"],
            "ops_per_iteration": counts["ops"] / max(1, counts["iterations"]),
            "leaks": counts["leaks"], "activations_with_leaks": len(per_activation),
