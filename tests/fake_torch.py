@@ -62,14 +62,15 @@ def make(gpu):
         def backward(self):
             """As the CUDA autograd engine: on a thread of its own while the caller waits; from this
             tensor back, each tensor's hooks run once its gradient is ready, then the backward kernel
-            of the module that made it (twice its forward's time)."""
+            of the module that made it (its backward_s, else twice its forward's time)."""
             def engine():
                 tensor = self
                 while tensor is not None:
                     for hook in tensor.hooks:
                         hook("grad")
-                    if tensor.made_by is not None:
-                        gpu.launch(tensor.made_by.name + ".backward", 2 * tensor.made_by.kernel_s)
+                    maker = tensor.made_by
+                    if maker is not None:
+                        gpu.launch(maker.name + ".backward", getattr(maker, "backward_s", 2 * maker.kernel_s))
                     tensor = tensor.source
             thread = threading.Thread(target=engine, name="autograd")
             thread.start()

@@ -311,6 +311,24 @@ def test_the_window_bounds_a_backward_pass(torch_fake):
     hp.close()
 
 
+def test_a_launch_bound_forward_does_not_let_a_gpu_bound_backward_queue_up(torch_fake):
+    torch, gpu, xt = torch_fake
+    layers = [torch.nn.Module(kernel_s=0.0, name=f"k{i}") for i in range(60)]
+    for layer in layers:
+        layer.backward_s = 0.001                   # free forward kernels, 1 ms backward ones (60 ms)
+    net = torch.nn.Module(*layers)
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0, window_us=3000) as gate:
+        for _ in range(8):                         # the GPU keeps up: sync points grow far apart
+            net(None)
+        assert gate._per_sync >= 64
+        out = net(torch.Tensor(requires_grad=True))
+        out.backward()
+        launch_done = time.monotonic()
+    assert gpu.busy_until - launch_done < 0.012    # not the whole backward (60 ms) queued at once
+    hp.close()
+
+
 def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):
     torch, gpu, xt = torch_fake
     net = model(torch, "k", 5, 0.0)

@@ -74,6 +74,7 @@ class Gate:
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
+        self._backward = False                     # backward hooks have run since the last request began
         self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
@@ -228,6 +229,7 @@ class Gate:
 
     # --- requests (a top-level module call) -------------------------------------------------------------
     def begin_request(self):
+        self._backward = False                     # a forward pass (a training step's next backward is a new phase)
         if self.slot is None:
             return                                 # closed, or released by a daemon restart
         now = time.monotonic()
@@ -366,8 +368,19 @@ class Gate:
         (convolutions, linear layers) it computes both the input's and the weights' gradients, about
         twice the forward's work, and the window sizes its segments by commands."""
         if self.guarded:
+            if not self._backward:                     # the first of this backward pass
+                self._backward = True
+                self._new_phase()
             self.after_leaf(BACKWARD_COMMANDS)
-        return None                                    # the gradient is left as it is
+        return None
+
+    def _new_phase(self):
+        window = self.window
+        if window is None:
+            return
+        with self._window_lock:
+            window.new_phase()
+            self._per_sync, self._look_after = window.per_sync, window.look_after                                    # the gradient is left as it is
 
     def _sync_point(self):
         window, recorder = self.window, self.recorder
