@@ -9,6 +9,7 @@ alternating segments (so host drift hits them alike), each segment's iterations/
                   progressive window (default size)
   guarded-nowin   the same with the window off (the checks alone)
   guarded-nobwd   guarded, the backward hooks doing nothing (with --train: what gating backward costs)
+  guarded-nohooks guarded-nowin with no backward hook registered at all (Tensor.register_hook a no-op)
   guarded-fresh   guarded, a new event per sync point (no reuse)                  (only with --configs)
   guarded-max32   guarded, sync points up to 32 leaves apart while the GPU keeps up (only with --configs)
 --event-costs first prints the CPU time of each event operation a sync point makes (GPU kept busy).
@@ -37,7 +38,7 @@ from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "wrapper", "free", "guarded", "guarded-nowin")
-MORE_CONFIGS = ("guarded-fresh", "guarded-max32", "guarded-nobwd")
+MORE_CONFIGS = ("guarded-fresh", "guarded-max32", "guarded-nobwd", "guarded-nohooks")
 
 
 def event_costs(torch, n=20000):
@@ -97,6 +98,10 @@ def main():
         step()
     xt.install()
     wrapped = torch.nn.Module.__call__
+    register_hook = torch.Tensor.register_hook
+
+    def no_hook(tensor, hook):
+        return None
 
     def segment(config):
         torch.nn.Module.__call__ = shipped if config == "none" else wrapped
@@ -105,14 +110,17 @@ def main():
         gate = None
         if config not in ("none", "wrapper"):
             recorder = FreshRecorder() if config == "guarded-fresh" else xt.TorchRecorder()
-            gate = Gate(recorder, priority=0, window_us=0 if config == "guarded-nowin" else xt.DEFAULT_WINDOW_US)
+            gate = Gate(recorder, priority=0,
+                        window_us=0 if config in ("guarded-nowin", "guarded-nohooks") else xt.DEFAULT_WINDOW_US)
             if config == "guarded-nobwd":
                 gate.before_backward = lambda grad: None     # still registered, does nothing
         xt._process_gate = gate
+        torch.Tensor.register_hook = no_hook if config == "guarded-nohooks" else register_hook
         n, t0 = 0, time.monotonic()
         while time.monotonic() - t0 < args.segment_s:
             step()
             n += 1
+        torch.Tensor.register_hook = register_hook
         rate = n / (time.monotonic() - t0)
         blocked, syncs = (gate.blocked_syncs, gate.sync_points / n) if gate else (0, 0.0)
         xt._process_gate = None
