@@ -47,29 +47,33 @@ def make(gpu):
     torch = types.ModuleType("torch")
     nn = types.ModuleType("torch.nn")
 
-    class Tensor:
-        """Only what autograd needs: a tensor that requires grad remembers the leaf module that made
-        it and that module's input; backward() walks that chain back."""
-        def __init__(self, requires_grad=False, made_by=None, source=None):
-            self.requires_grad, self.made_by, self.source = requires_grad, made_by, source
-            self.hooks = []
+    class Node:
+        """A tensor's grad_fn: the backward of the leaf module that made it."""
+        def __init__(self, module):
+            self.module, self.prehooks = module, []
 
-        def register_hook(self, hook):
-            if not self.requires_grad:
-                raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-            self.hooks.append(hook)
+        def register_prehook(self, hook):
+            self.prehooks.append(hook)
+
+    class Tensor:
+        """Only what autograd needs: a tensor that requires grad and was made by a leaf module has a
+        grad_fn and remembers that module's input; backward() walks that chain back."""
+        def __init__(self, requires_grad=False, made_by=None, source=None):
+            self.requires_grad, self.source = requires_grad, source
+            self.grad_fn = Node(made_by) if requires_grad and made_by is not None else None
 
         def backward(self):
             """As the CUDA autograd engine: on a thread of its own while the caller waits; from this
-            tensor back, each tensor's hooks run once its gradient is ready, then the backward kernel
-            of the module that made it (its backward_s, else twice its forward's time)."""
+            tensor back, each grad_fn's pre-hooks, then its module's backward kernel (the module's
+            backward_s, else twice its forward's time)."""
             def engine():
                 tensor = self
                 while tensor is not None:
-                    for hook in tensor.hooks:
-                        hook("grad")
-                    maker = tensor.made_by
-                    if maker is not None:
+                    node = tensor.grad_fn
+                    if node is not None:
+                        for hook in node.prehooks:
+                            hook(("grad",))
+                        maker = node.module
                         gpu.launch(maker.name + ".backward", getattr(maker, "backward_s", 2 * maker.kernel_s))
                     tensor = tensor.source
             thread = threading.Thread(target=engine, name="autograd")

@@ -266,7 +266,7 @@ def test_a_training_clients_backward_is_held_while_a_higher_client_is_active(tor
     class ArrivesDuringBackward(torch.nn.Module):
         def forward(self, x):                      # the HP becomes active once backward reaches us
             out = super().forward(x)
-            out.register_hook(lambda grad: _hp_active_for(hp, 0.05, ended))
+            out.grad_fn.register_prehook(lambda grad: _hp_active_for(hp, 0.05, ended))
             return out
     net = torch.nn.Module(*[torch.nn.Module(kernel_s=0.0002, name=f"lp{i}") for i in range(3)],
                           ArrivesDuringBackward(kernel_s=0.0002, name="arrive"),
@@ -336,10 +336,10 @@ def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):
         out = net(torch.Tensor(requires_grad=True))
         assert not gate.guarded
     hooked, t = [], out
-    while t is not None:
-        hooked += t.hooks
+    while t.grad_fn is not None:
+        hooked += t.grad_fn.prehooks
         t = t.source
-    assert hooked == []
+    assert hooked == [] and t.source is None       # the whole chain was walked
 
 
 def test_unbound_threads_are_not_gated(torch_fake):

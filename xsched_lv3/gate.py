@@ -360,13 +360,14 @@ class Gate:
             self.check()                           # kernels a parent launches after this child are gated too
 
     def before_backward(self, grad):
-        """A tensor hook on a guarded leaf's output: autograd calls it on its own thread once that
-        output's gradient is ready, i.e. after the backward work of the modules that used it and
-        before the leaf's own (the engine has set the stream that work runs on). The launching
-        thread waits inside backward() meanwhile, so the gate is not used by two threads at once.
-        A leaf's backward is counted as BACKWARD_COMMANDS: for the weighted layers that dominate it
-        (convolutions, linear layers) it computes both the input's and the weights' gradients, about
-        twice the forward's work, and the window sizes its segments by commands."""
+        """A pre-hook on the autograd node that made a guarded leaf's output: autograd calls it on its
+        own thread once that output's gradient is ready, i.e. after the backward work of the modules
+        that used it and before the leaf's own (the engine has set the stream that work runs on).
+        The launching thread waits inside backward() meanwhile, so the gate is not used by two
+        threads at once. A leaf's backward is counted as BACKWARD_COMMANDS: for the weighted layers
+        that dominate it (convolutions, linear layers) it computes both the input's and the
+        weights' gradients, about twice the forward's work, and the window sizes its segments by
+        commands."""
         if self.guarded:
             if not self._backward:                     # the first of this backward pass
                 self._backward = True
