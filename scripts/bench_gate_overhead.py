@@ -9,7 +9,7 @@ alternating segments (so host drift hits them alike), each segment's iterations/
                   progressive window (default size)
   guarded-nowin   the same with the window off (the checks alone)
   guarded-nobwd   guarded, the backward hooks doing nothing (with --train: what gating backward costs)
-  guarded-nohooks guarded-nowin with no backward hook registered at all (Tensor.register_hook a no-op)
+  guarded-nohooks guarded-nowin with no backward hook registered at all
   guarded-fresh   guarded, a new event per sync point (no reuse)                  (only with --configs)
   guarded-max32   guarded, sync points up to 32 leaves apart while the GPU keeps up (only with --configs)
 --event-costs first prints the CPU time of each event operation a sync point makes (GPU kept busy).
@@ -98,9 +98,9 @@ def main():
         step()
     xt.install()
     wrapped = torch.nn.Module.__call__
-    register_hook = torch.Tensor.register_hook
+    hook_backward = xt._hook_backward
 
-    def no_hook(tensor, hook):
+    def no_hook(out, gate):
         return None
 
     def segment(config):
@@ -115,12 +115,12 @@ def main():
             if config == "guarded-nobwd":
                 gate.before_backward = lambda grad: None     # still registered, does nothing
         xt._process_gate = gate
-        torch.Tensor.register_hook = no_hook if config == "guarded-nohooks" else register_hook
+        xt._hook_backward = no_hook if config == "guarded-nohooks" else hook_backward
         n, t0 = 0, time.monotonic()
         while time.monotonic() - t0 < args.segment_s:
             step()
             n += 1
-        torch.Tensor.register_hook = register_hook
+        xt._hook_backward = hook_backward
         rate = n / (time.monotonic() - t0)
         blocked, syncs = (gate.blocked_syncs, gate.sync_points / n) if gate else (0, 0.0)
         xt._process_gate = None
