@@ -148,6 +148,8 @@ def test_run_sets_up_the_child(tmp_path):
 
 
 FAKE_TORCH_PKG = '''
+class Tensor:
+    pass
 class _Module:
     def __init__(self):
         self._modules = {}
