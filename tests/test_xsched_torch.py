@@ -258,23 +258,42 @@ def _hp_active_for(hp, seconds, ended):
     threading.Thread(target=finish).start()
 
 
+def _train_once(torch):
+    """A backward pass in the calling thread's client: from now on it counts as one that trains."""
+    torch.nn.Module(kernel_s=0.0, name="first")(torch.Tensor(requires_grad=True)).backward()
+
+
+def _nodes_along(out):
+    nodes = []
+    while out.grad_fn is not None:
+        nodes.append(out.grad_fn)
+        out = out.source
+    return nodes
+
+
+def _hooks_along(out):
+    return [hook for node in _nodes_along(out) for hook in node.prehooks]
+
+
 def test_a_training_clients_backward_is_held_while_a_higher_client_is_active(torch_fake):
     torch, gpu, xt = torch_fake
     hp = other_client(xt, priority=10)
-    ended = {}
+    ended, armed = {}, []
 
     class ArrivesDuringBackward(torch.nn.Module):
         def forward(self, x):                      # the HP becomes active once backward reaches us
             out = super().forward(x)
-            out.grad_fn.register_prehook(lambda grad: _hp_active_for(hp, 0.05, ended))
+            if armed:
+                out.grad_fn.register_prehook(lambda grad: _hp_active_for(hp, 0.05, ended))
             return out
     net = torch.nn.Module(*[torch.nn.Module(kernel_s=0.0002, name=f"lp{i}") for i in range(3)],
                           ArrivesDuringBackward(kernel_s=0.0002, name="arrive"),
                           *[torch.nn.Module(kernel_s=0.0002, name=f"lp{i}") for i in range(3, 6)])
     with xt.client(priority=0) as gate:
         assert gate.guarded
-        loss = net(torch.Tensor(requires_grad=True))
-        loss.backward()
+        _train_once(torch)
+        armed.append(True)
+        net(torch.Tensor(requires_grad=True)).backward()
     names = [n for n, *_ in gpu.launched]
     held = [gpu.launched_at[names.index(n)] for n in ("arrive.backward", "lp2.backward", "lp0.backward")]
     assert min(held) >= ended["at"]                # none of that backward ran while the HP was active
@@ -301,6 +320,7 @@ def test_the_window_bounds_a_backward_pass(torch_fake):
     net = model(torch, "k", 40, 0.001)             # 40 ms forward, 80 ms backward
     hp = other_client(xt, priority=10)             # registered, idle: the LP may run, windowed
     with xt.client(priority=0, window_us=3000):
+        _train_once(torch)
         out = net(torch.Tensor(requires_grad=True))
         torch.cuda.Stream().synchronize()
         t0 = time.monotonic()
@@ -311,7 +331,7 @@ def test_the_window_bounds_a_backward_pass(torch_fake):
     hp.close()
 
 
-def test_a_launch_bound_forward_does_not_let_a_gpu_bound_backward_queue_up(torch_fake):
+def test_every_backward_pass_restarts_a_spacing_grown_in_launch_bound_forwards(torch_fake):
     torch, gpu, xt = torch_fake
     layers = [torch.nn.Module(kernel_s=0.0, name=f"k{i}") for i in range(60)]
     for layer in layers:
@@ -319,13 +339,50 @@ def test_a_launch_bound_forward_does_not_let_a_gpu_bound_backward_queue_up(torch
     net = torch.nn.Module(*layers)
     hp = other_client(xt, priority=10)
     with xt.client(priority=0, window_us=3000) as gate:
-        for _ in range(8):                         # the GPU keeps up: sync points grow far apart
-            net(None)
-        assert gate._per_sync >= 64
+        _train_once(torch)
+        for _ in range(2):                         # the second backward too: each is a new phase
+            for _ in range(8):                     # the GPU keeps up: sync points grow far apart
+                net(None)
+            assert gate._per_sync >= 64
+            net(torch.Tensor(requires_grad=True)).backward()
+            launch_done = time.monotonic()
+            assert gpu.busy_until - launch_done < 0.012    # not the whole backward (60 ms) queued at once
+            torch.cuda.Stream().synchronize()
+    hp.close()
+
+
+def test_hooks_go_to_leaves_of_a_client_that_trains_and_once_per_node(torch_fake):
+    torch, gpu, xt = torch_fake
+
+    class ReturnsItsInput(torch.nn.Module):        # Identity, Dropout in eval
+        def forward(self, x):
+            return x
+    net = torch.nn.Module(torch.nn.Module(kernel_s=0.0, name="a"), ReturnsItsInput(name="same"),
+                          torch.nn.Module(kernel_s=0.0, name="b"))
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0) as gate:
+        assert gate.guarded
         out = net(torch.Tensor(requires_grad=True))
-        out.backward()
-        launch_done = time.monotonic()
-    assert gpu.busy_until - launch_done < 0.012    # not the whole backward (60 ms) queued at once
+        assert _hooks_along(out) == []             # autograd on, but no backward yet: an eval() job pays nothing
+        _train_once(torch)
+        assert gate.trains
+        out = net(torch.Tensor(requires_grad=True))
+        assert len(_hooks_along(out)) == 2         # a and b; the identity adds none to a's node
+        assert [len(n.prehooks) for n in _nodes_along(out)] == [1, 1]
+        top_level_leaf = torch.nn.Module(kernel_s=0.0, name="leaf")
+        assert len(top_level_leaf(torch.Tensor(requires_grad=True)).grad_fn.prehooks) == 1
+    hp.close()
+
+
+def test_a_backward_step_across_the_look_back_point_still_looks_back(torch_fake, monkeypatch):
+    torch, gpu, xt = torch_fake
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0) as gate:
+        looked = []
+        monkeypatch.setattr(gate, "_look_back", lambda: looked.append(gate._leaves))
+        gate._per_sync, gate._leaves, gate._look_after = 100, 2, 3
+        gate.after_leaf(2)                          # 2 -> 4 passes 3 without landing on it
+        assert looked == [4]
     hp.close()
 
 
@@ -333,13 +390,10 @@ def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):
     torch, gpu, xt = torch_fake
     net = model(torch, "k", 5, 0.0)
     with xt.client(priority=0) as gate:
+        _train_once(torch)
         out = net(torch.Tensor(requires_grad=True))
         assert not gate.guarded
-    hooked, t = [], out
-    while t.grad_fn is not None:
-        hooked += t.grad_fn.prehooks
-        t = t.source
-    assert hooked == [] and t.source is None       # the whole chain was walked
+    assert _hooks_along(out) == []
 
 
 def test_unbound_threads_are_not_gated(torch_fake):

@@ -74,7 +74,9 @@ class Gate:
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
-        self._backward = False                     # backward hooks have run since the last request began
+        self._backward_begun = False               # backward hooks have run since the last request began
+        self.trains = False                        # a backward pass was started by a thread of this client
+        self.hooked_node = None                    # id of the autograd node hooked last (pytorch._hook_backward)
         self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
@@ -229,7 +231,7 @@ class Gate:
 
     # --- requests (a top-level module call) -------------------------------------------------------------
     def begin_request(self):
-        self._backward = False                     # a forward pass (a training step's next backward is a new phase)
+        self._backward_begun = False               # a forward pass: the next backward is a new phase
         if self.slot is None:
             return                                 # closed, or released by a daemon restart
         now = time.monotonic()
@@ -359,21 +361,22 @@ class Gate:
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
-    def before_backward(self, grad):
+    def before_backward(self, grad_outputs):
         """A pre-hook on the autograd node that made a guarded leaf's output: autograd calls it on its
         own thread once that output's gradient is ready, i.e. after the backward work of the modules
         that used it and before the leaf's own (the engine has set the stream that work runs on).
-        The launching thread waits inside backward() meanwhile, so the gate is not used by two
-        threads at once. A leaf's backward is counted as BACKWARD_COMMANDS: for the weighted layers
-        that dominate it (convolutions, linear layers) it computes both the input's and the
-        weights' gradients, about twice the forward's work, and the window sizes its segments by
-        commands."""
+        Usually the launching thread waits inside backward() meanwhile; where another thread of
+        the client launches at the same time, the leaf counts race (a sync point comes a little
+        early or late) and the window itself is under its lock. A leaf's backward is counted as
+        BACKWARD_COMMANDS: for the weighted layers that dominate it (convolutions, linear layers)
+        it computes both the input's and the weights' gradients, about twice the forward's work,
+        and the window sizes its segments by commands."""
         if self.guarded:
-            if not self._backward:                     # the first of this backward pass
-                self._backward = True
+            if not self._backward_begun:
+                self._backward_begun = True
                 self._new_phase()
             self.after_leaf(BACKWARD_COMMANDS)
-        return None
+        return None                                    # the gradients are left as they are
 
     def _new_phase(self):
         window = self.window
@@ -381,7 +384,7 @@ class Gate:
             return
         with self._window_lock:
             window.new_phase()
-            self._per_sync, self._look_after = window.per_sync, window.look_after                                    # the gradient is left as it is
+            self._per_sync, self._look_after = window.per_sync, window.look_after
 
     def _sync_point(self):
         window, recorder = self.window, self.recorder

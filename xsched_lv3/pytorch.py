@@ -8,14 +8,16 @@ every thread of a process started by `xsched-lv3 run`, then
   * while a higher-priority client shares the GPU, asks the gate before every module call and
     after every leaf module (so work a parent launches between its children is gated too) whether
     it may launch now, and keeps its in-flight GPU work within the window.
-  * in training, gates the backward pass the same way: the autograd node that made a leaf
-    module's output gets a pre-hook, which autograd runs on its own thread just before that
-    node's backward work (the hook checks the gate and counts toward the window),
-    and the optimizer's step is checked before it launches (a global step pre-hook).
+  * in a client that trains (it has started a backward pass), gates the backward pass the same
+    way: the autograd node that made a leaf module's output gets a pre-hook, which autograd runs on
+    its own thread just before that node's backward work (the hook checks the gate and counts
+    toward the window), and the optimizer's step is checked before it launches (a global step
+    pre-hook).
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
 streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
-functions on tensors between two model calls, the loss), the backward of a leaf whose output is not
-a tensor (an LSTM's tuple: its neighbours' hooks still gate), and the inside of a captured CUDA/HIP
+functions on tensors between two model calls, the loss), a client's first backward pass, the
+backward of work a parent module launches itself or of a leaf whose output is not a tensor (an
+LSTM's tuple; both run between their neighbours' hooks), and the inside of a captured CUDA/HIP
 graph, which is one launch. A client with nobody above it pays one wrapper per module call and one
 board read per request.
 
@@ -36,6 +38,7 @@ from .window import DEFAULT_WINDOW_US
 MAX_CACHED_STREAMS = 64                    # TorchRecorder's Stream objects, at most
 _local = threading.local()
 _process_gate = None
+_Tensor = None                             # torch.Tensor, once installed
 _installed = False
 
 
@@ -117,26 +120,46 @@ class TorchRecorder:
         return zlib.crc32(name.encode()) or 1
 
 
-def _hook_backward(out, gate):
-    """A pre-hook on the node that made `out`, not Tensor.register_hook: it fires at the same moment
-    (before the leaf's backward; an in-place op after it, ReLU(inplace=True), makes a node of its own
-    with its own hook) at a third of the CPU cost (5 against 15 us a registration on this project's
-    2-vCPU sandbox, torch 2.13). Tensor hooks cost a training ResNet-50 b32 on an H100 about 4 %
-    (0.92 of unscheduled, guarded without a window, against 0.97 with no hooks at all;
-    results/diagnostics/gate_overhead_r50b32_train_hooks_8b7d90d.json)."""
-    node = out.grad_fn
-    if node is not None:                   # None: the module returned a leaf tensor (a parameter)
-        node.register_prehook(gate.before_backward)
+def _hook_backward(gate, out):
+    """In a client that trains, a guarded leaf's output gets a pre-hook on the node that made it, so
+    that its backward is gated too; once a node: a leaf that returns its input (Identity, Dropout in
+    eval) finds the previous leaf's node hooked already, while an in-place one (ReLU(inplace=True))
+    has made a node of its own. A node pre-hook, not Tensor.register_hook: it fires at the same
+    moment (before the leaf's backward) and costs less to register (2.5-4.2 against 4.2-6.2 us on
+    this project's 2-vCPU sandbox, torch 2.13; neither changed what the hooks cost a training
+    ResNet-50 b32 on an H100, which is autograd calling into Python at every leaf: README,
+    *A training batch job*). The node is remembered by id only: a reference would keep its
+    saved tensors alive after the graph is freed."""
+    if isinstance(out, _Tensor) and out.requires_grad:
+        node = out.grad_fn
+        if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
+            gate.hooked_node = id(node)
+            node.register_prehook(gate.before_backward)
+
+
+def _noting_training(run_backward):
+    """torch.autograd.backward or .grad, marking the calling thread's client as one that trains:
+    only its leaves get backward hooks, so a job that runs forward passes with autograd on and never
+    a backward (an eval() model without no_grad) registers nothing. Its first backward pass, before
+    any hook, is not gated."""
+    def noting(*args, **kwargs):
+        gate = _local.__dict__.get("gate") or _process_gate
+        if gate is not None:
+            gate.trains = True
+        return run_backward(*args, **kwargs)
+    noting.__name__, noting.__doc__, noting.__wrapped__ = run_backward.__name__, run_backward.__doc__, run_backward
+    return noting
 
 
 def install():
-    """Wrap nn.Module.__call__ (idempotent)."""
-    global _installed
+    """Wrap nn.Module.__call__ (idempotent), torch.autograd.backward and .grad, and hook every
+    optimizer's step."""
+    global _installed, _Tensor
     if _installed:
         return
     import torch
     original = torch.nn.Module.__call__
-    tensor = torch.Tensor
+    _Tensor = torch.Tensor
 
     def scheduled_call(module, *args, **kwargs):
         state = _local.__dict__
@@ -149,8 +172,8 @@ def install():
             out = original(module, *args, **kwargs)
             if gate.guarded and not module._modules:
                 gate.after_leaf()
-                if isinstance(out, tensor) and out.requires_grad:
-                    _hook_backward(out, gate)           # training: its backward is gated too
+                if gate.trains:
+                    _hook_backward(gate, out)     # its backward is gated too
             return out
         gate = state.get("gate") or _process_gate
         if gate is None:
@@ -166,8 +189,8 @@ def install():
             gate.end_request()              # also when the request raised: never left active
         if gate.guarded and not module._modules:
             gate.after_leaf()
-            if isinstance(out, tensor) and out.requires_grad:
-                _hook_backward(out, gate)
+            if gate.trains:
+                _hook_backward(gate, out)
         return out
 
     def before_optimizer_step(optimizer, args, kwargs):
@@ -177,10 +200,14 @@ def install():
         return None
 
     torch.nn.Module.__call__ = scheduled_call
+    autograd = getattr(torch, "autograd", None)
+    for name in ("backward", "grad"):
+        if hasattr(autograd, name):
+            setattr(autograd, name, _noting_training(getattr(autograd, name)))
     optim = getattr(getattr(torch, "optim", None), "optimizer", None)
     register_step_hook = getattr(optim, "register_optimizer_step_pre_hook", None)   # torch >= 2.0
     if register_step_hook is not None:
-        register_step_hook(before_optimizer_step)
+        register_step_hook(before_optimizer_step)   # for the life of the process: it finds no gate once closed
     _installed = True
 
 
