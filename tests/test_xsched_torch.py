@@ -386,6 +386,25 @@ def test_a_backward_step_across_the_look_back_point_still_looks_back(torch_fake,
     hp.close()
 
 
+def test_a_compiled_model_is_one_command_to_the_window(torch_fake):
+    torch, gpu, xt = torch_fake
+
+    class Compiled(torch.nn.Module):
+        """As torch.compile's module: children it never calls (dynamo runs their forward inline)."""
+        def forward(self, x):
+            gpu.launch(self.name, self.kernel_s)
+            return x
+    compiled = Compiled(torch.nn.Module(name="inner"), kernel_s=0.005, name="compiled")
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0, window_us=3000) as gate:
+        assert gate.guarded
+        for _ in range(20):                        # 100 ms of GPU work, no synchronize
+            compiled(None)
+        launch_done = time.monotonic()
+    assert gpu.busy_until - launch_done < 0.025    # about a call or two in flight, not all 20
+    hp.close()
+
+
 def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):
     torch, gpu, xt = torch_fake
     net = model(torch, "k", 5, 0.0)

@@ -361,6 +361,10 @@ class Gate:
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
+    def leaves_counted(self):
+        """Changes whenever a leaf is counted (the count since the last sync point, and sync points)."""
+        return self._leaves, self.sync_points
+
     def before_backward(self, grad_outputs):
         """A pre-hook on the autograd node that made a guarded leaf's output: autograd calls it on its
         own thread once that output's gradient is ready, i.e. after the backward work of the modules

@@ -17,8 +17,9 @@ The gate throttles the launching thread, not a stream, so it covers the default 
 streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
 functions on tensors between two model calls, the loss), a client's first backward pass, the
 backward of work a parent module launches itself or of a leaf whose output is not a tensor (an
-LSTM's tuple; both run between their neighbours' hooks), and the inside of a captured CUDA/HIP
-graph, which is one launch. A client with nobody above it pays one wrapper per module call and one
+LSTM's tuple; both run between their neighbours' hooks), the inside of a captured CUDA/HIP
+graph, which is one launch, and the inside of a torch.compile'd model, whose modules dynamo runs
+without calling them: a call is one command to the window. A client with nobody above it pays one wrapper per module call and one
 board read per request.
 
     import xsched_lv3.pytorch as xt
@@ -180,6 +181,7 @@ def install():
             return original(module, *args, **kwargs)
         gate.begin_request()                # a top-level call: one request
         state["inside"] = gate
+        counted = gate.leaves_counted()
         try:
             if gate.guarded:
                 gate.check()                # inside the try: interrupted while held, the request still ends
@@ -187,7 +189,10 @@ def install():
         finally:
             state["inside"] = None
             gate.end_request()              # also when the request raised: never left active
-        if gate.guarded and not module._modules:
+        if gate.guarded and gate.leaves_counted() == counted:
+            # No module inside was called through us: a leaf, or a compiled model (torch.compile's
+            # dynamo runs the forward of the modules inside it without calling them), which is then
+            # one command to the window: at most about one call stays in flight beyond it
             gate.after_leaf()
             if gate.trains:
                 _hook_backward(gate, out)
