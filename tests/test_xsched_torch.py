@@ -4,6 +4,7 @@ scripts/bench_two_models.py and scripts/bench_preempt_latency.py."""
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -363,14 +364,50 @@ def test_hooks_go_to_leaves_of_a_client_that_trains_and_once_per_node(torch_fake
     with xt.client(priority=0) as gate:
         assert gate.guarded
         out = net(torch.Tensor(requires_grad=True))
-        assert _hooks_along(out) == []             # autograd on, but no backward yet: an eval() job pays nothing
+        # autograd on, no backward yet (an eval() job): one hook a request, on its output, none on its leaves
+        assert [hook.__name__ for hook in _hooks_along(out)] == ["backward_reached"]
         _train_once(torch)
         assert gate.trains
         out = net(torch.Tensor(requires_grad=True))
-        assert len(_hooks_along(out)) == 2         # a and b; the identity adds none to a's node
+        assert [hook.__name__ for hook in _hooks_along(out)] == ["before_backward"] * 2   # a and b, not the identity
         assert [len(n.prehooks) for n in _nodes_along(out)] == [1, 1]
         top_level_leaf = torch.nn.Module(kernel_s=0.0, name="leaf")
         assert len(top_level_leaf(torch.Tensor(requires_grad=True)).grad_fn.prehooks) == 1
+    hp.close()
+
+
+def test_a_client_is_found_to_train_through_a_dict_or_tuple_output(torch_fake):
+    torch, gpu, xt = torch_fake
+
+    class ReturnsOutputs(torch.nn.Module):         # a Hugging Face model returns a ModelOutput (a dict)
+        def forward(self, x):
+            out = super().forward(x)
+            return {"logits": out, "hidden": (out,)} if self.name == "dict" else (out, None)
+    hp = other_client(xt, priority=10)
+    for name in ("dict", "tuple"):
+        with xt.client(priority=0) as gate:
+            net = torch.nn.Module(ReturnsOutputs(torch.nn.Module(kernel_s=0.0, name="inner"), name=name))
+            out = net(torch.Tensor(requires_grad=True))
+            assert gate.guarded and not gate.trains
+            (out["logits"] if name == "dict" else out[0]).backward()
+            assert gate.trains, name
+    hp.close()
+
+
+def test_a_top_level_leaf_is_hooked_in_every_iteration(torch_fake, monkeypatch):
+    torch, gpu, xt = torch_fake
+    leaf = torch.nn.Module(kernel_s=0.0, name="leaf")
+    hp = other_client(xt, priority=10)
+    # CPython gives a new node the id of one freed just before (each iteration's graph is freed before
+    # the next is built): seen as the same number every time here
+    monkeypatch.setattr(xt, "id", lambda node: 7, raising=False)
+    with xt.client(priority=0) as gate:
+        fired = []
+        before = gate.before_backward
+        gate.before_backward = lambda grad: (fired.append(1), before(grad))[1]
+        for _ in range(4):
+            leaf(torch.Tensor(requires_grad=True)).backward()
+        assert gate.trains and len(fired) == 3     # the first backward found it training; then every one
     hp.close()
 
 
@@ -403,6 +440,25 @@ def test_a_compiled_model_is_one_command_to_the_window(torch_fake):
         launch_done = time.monotonic()
     assert gpu.busy_until - launch_done < 0.025    # about a call or two in flight, not all 20
     hp.close()
+
+
+def test_dynamo_imported_first_learns_the_installed_module_call(monkeypatch, tmp_path):
+    """torch.compile inlines a model's modules only while nn.Module.__call__ is what dynamo recorded at
+    its import; a program that compiled something before install() has dynamo's record updated."""
+    gpu = fake_torch.FakeGPU()
+    torch = fake_torch.make(gpu)
+    shipped = torch.nn.Module.__call__
+    dynamo = {name: types.SimpleNamespace(unpatched_nn_module_call=shipped)
+              for name in ("torch._dynamo.utils", "torch._dynamo.variables.nn_module")}
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    for name, module in dynamo.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("XSCHED_LV3_BOARD", str(tmp_path / "board"))
+    import xsched_lv3.pytorch as xt
+    monkeypatch.setattr(xt, "_installed", False)
+    xt.install()
+    assert torch.nn.Module.__call__ is not shipped
+    assert all(m.unpatched_nn_module_call is torch.nn.Module.__call__ for m in dynamo.values())
 
 
 def test_a_client_with_nobody_above_it_adds_no_backward_hooks(torch_fake):

@@ -75,7 +75,7 @@ class Gate:
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
         self._backward_begun = False               # backward hooks have run since the last request began
-        self.trains = False                        # a backward pass was started by a thread of this client
+        self.trains = False                        # a backward pass reached one of its requests' outputs
         self.hooked_node = None                    # id of the autograd node hooked last (pytorch._hook_backward)
         self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
@@ -232,6 +232,7 @@ class Gate:
     # --- requests (a top-level module call) -------------------------------------------------------------
     def begin_request(self):
         self._backward_begun = False               # a forward pass: the next backward is a new phase
+        self.hooked_node = None
         if self.slot is None:
             return                                 # closed, or released by a daemon restart
         now = time.monotonic()
@@ -364,6 +365,11 @@ class Gate:
     def leaves_counted(self):
         """Changes whenever a leaf is counted (the count since the last sync point, and sync points)."""
         return self._leaves, self.sync_points
+
+    def backward_reached(self, grad_outputs):
+        """A pre-hook on a request's output (pytorch._watch_for_backward): this client trains."""
+        self.trains = True
+        return None
 
     def before_backward(self, grad_outputs):
         """A pre-hook on the autograd node that made a guarded leaf's output: autograd calls it on its

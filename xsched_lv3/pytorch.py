@@ -8,7 +8,7 @@ every thread of a process started by `xsched-lv3 run`, then
   * while a higher-priority client shares the GPU, asks the gate before every module call and
     after every leaf module (so work a parent launches between its children is gated too) whether
     it may launch now, and keeps its in-flight GPU work within the window.
-  * in a client that trains (it has started a backward pass), gates the backward pass the same
+  * in a client that trains (a backward pass reached one of its outputs), gates the backward the same
     way: the autograd node that made a leaf module's output gets a pre-hook, which autograd runs on
     its own thread just before that node's backward work (the hook checks the gate and counts
     toward the window), and the optimizer's step is checked before it launches (a global step
@@ -129,8 +129,10 @@ def _hook_backward(gate, out):
     moment (before the leaf's backward) and costs less to register (2.5-4.2 against 4.2-6.2 us on
     this project's 2-vCPU sandbox, torch 2.13; neither changed what the hooks cost a training
     ResNet-50 b32 on an H100, which is autograd calling into Python at every leaf: README,
-    *A training batch job*). The node is remembered by id only: a reference would keep its
-    saved tensors alive after the graph is freed."""
+    *A training batch job*). The node is remembered by id only (a reference would keep its saved
+    tensors alive after the graph is freed), and forgotten at each request's start: within one
+    forward pass every node is alive, so its id is its own; across passes a freed node's id is
+    reused at once."""
     if isinstance(out, _Tensor) and out.requires_grad:
         node = out.grad_fn
         if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
@@ -138,23 +140,36 @@ def _hook_backward(gate, out):
             node.register_prehook(gate.before_backward)
 
 
-def _noting_training(run_backward):
-    """torch.autograd.backward or .grad, marking the calling thread's client as one that trains:
-    only its leaves get backward hooks, so a job that runs forward passes with autograd on and never
-    a backward (an eval() model without no_grad) registers nothing. Its first backward pass, before
-    any hook, is not gated."""
-    def noting(*args, **kwargs):
-        gate = _local.__dict__.get("gate") or _process_gate
-        if gate is not None:
-            gate.trains = True
-        return run_backward(*args, **kwargs)
-    noting.__name__, noting.__doc__, noting.__wrapped__ = run_backward.__name__, run_backward.__doc__, run_backward
-    return noting
+def _watch_for_backward(gate, out):
+    """A guarded client is found to train when a backward pass reaches the output of one of its
+    requests: a pre-hook on the node that made it (the first tensor of a tuple, list or dict output,
+    a Hugging Face ModelOutput included) says so. Until then its leaves get no backward hooks, so a
+    job that runs forward passes with autograd on and never a backward (an eval() model without
+    no_grad) registers one hook a request, not one a leaf; its first backward pass is not gated."""
+    if isinstance(out, dict):
+        out = next(iter(out.values()), None)
+    elif isinstance(out, (tuple, list)):
+        out = out[0] if out else None
+    if isinstance(out, _Tensor) and out.requires_grad and out.grad_fn is not None:
+        out.grad_fn.register_prehook(gate.backward_reached)
+
+
+def _dynamo_skips_wrapper(torch, scheduled_call):
+    """Dynamo inlines a compiled model's modules (never calling them) only while nn.Module.__call__
+    is the one it saw at its own import (torch/_dynamo/utils.py: unpatched_nn_module_call, imported
+    by name into variables/nn_module.py); one patched later is traced, and the gate's board reads
+    break the graph at every module. `xsched-lv3 run` installs at torch's import, before dynamo's;
+    a program that compiled something before `install()` gets dynamo's record updated, so compiled
+    models behave alike either way (dynamo's private names: where they are missing, nothing)."""
+    import sys
+    for name in ("torch._dynamo.utils", "torch._dynamo.variables.nn_module"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "unpatched_nn_module_call", None) is not None:
+            module.unpatched_nn_module_call = scheduled_call
 
 
 def install():
-    """Wrap nn.Module.__call__ (idempotent), torch.autograd.backward and .grad, and hook every
-    optimizer's step."""
+    """Wrap nn.Module.__call__ (idempotent) and hook every optimizer's step."""
     global _installed, _Tensor
     if _installed:
         return
@@ -181,7 +196,7 @@ def install():
             return original(module, *args, **kwargs)
         gate.begin_request()                # a top-level call: one request
         state["inside"] = gate
-        counted = gate.leaves_counted()
+        counted = gate.leaves_counted() if gate.guarded else None
         try:
             if gate.guarded:
                 gate.check()                # inside the try: interrupted while held, the request still ends
@@ -189,13 +204,15 @@ def install():
         finally:
             state["inside"] = None
             gate.end_request()              # also when the request raised: never left active
-        if gate.guarded and gate.leaves_counted() == counted:
-            # No module inside was called through us: a leaf, or a compiled model (torch.compile's
-            # dynamo runs the forward of the modules inside it without calling them), which is then
-            # one command to the window: at most about one call stays in flight beyond it
+        if gate.guarded and (counted is None or gate.leaves_counted() == counted):
+            # No module inside was called through us: a leaf, or a compiled model (dynamo runs the
+            # forward of the modules inside it without calling them), which is then one command to
+            # the window: at most about one call stays in flight beyond it
             gate.after_leaf()
             if gate.trains:
                 _hook_backward(gate, out)
+        if gate.guarded and not gate.trains:
+            _watch_for_backward(gate, out)
         return out
 
     def before_optimizer_step(optimizer, args, kwargs):
@@ -205,10 +222,7 @@ def install():
         return None
 
     torch.nn.Module.__call__ = scheduled_call
-    autograd = getattr(torch, "autograd", None)
-    for name in ("backward", "grad"):
-        if hasattr(autograd, name):
-            setattr(autograd, name, _noting_training(getattr(autograd, name)))
+    _dynamo_skips_wrapper(torch, scheduled_call)
     optim = getattr(getattr(torch, "optim", None), "optimizer", None)
     register_step_hook = getattr(optim, "register_optimizer_step_pre_hook", None)   # torch >= 2.0
     if register_step_hook is not None:
