@@ -30,6 +30,16 @@ from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 
+def git_revision_of(checkout):
+    """The commit a scheduler checkout is at, where it is a git work tree (a `git archive` is not:
+    None, and the results say so)."""
+    import subprocess
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"],
+                          capture_output=True, text=True)
+    lines = done.stdout.split()
+    return lines[1] if done.returncode == 0 and len(lines) == 2 and Path(lines[0]) == checkout else None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=MODELS, default="vit_b_16")
@@ -41,8 +51,13 @@ def main():
     p.add_argument("--out")
     args = p.parse_args()
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
+    scheduler_revision = None
     if args.scheduler:
-        sys.path.insert(0, str(Path(args.scheduler).resolve()))
+        checkout = Path(args.scheduler).resolve()
+        if not (checkout / "xsched_lv3" / "__init__.py").is_file():
+            p.error(f"--scheduler {args.scheduler}: no xsched_lv3 package there")
+        sys.path.insert(0, str(checkout))
+        scheduler_revision = git_revision_of(checkout)
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     import xsched_lv3.pytorch as xt
@@ -69,7 +84,7 @@ def main():
     stop = threading.Event()
 
     def job():
-        step = make_step(model, x, args.train)
+        step = make_step(model, x, args.train, warm=0)     # warmed below, as a client
         with xt.client(priority=0) as gate, Count():
             while not stop.is_set():
                 step()
@@ -93,7 +108,8 @@ def main():
     board.release(hp_slot)
     doc = {"benchmark": "gate coverage (leaks)", **provenance(), "torch": torch.__version__, "model": args.model,
            "batch": args.batch, "train": args.train,
-           "scheduler": str(Path(xt.__file__).resolve().parents[1]), "seconds": args.seconds, "activations": state["activation"],
+           "scheduler": str(Path(xt.__file__).resolve().parents[1]),
+           "scheduler_revision": scheduler_revision or ("this checkout" if not args.scheduler else None), "seconds": args.seconds, "activations": state["activation"],
            "ops": counts["ops"], "iterations": counts["iterations"],
            "ops_per_iteration": counts["ops"] / max(1, counts["iterations"]),
            "leaks": counts["leaks"], "activations_with_leaks": len(per_activation),

@@ -15,7 +15,8 @@ every thread of a process started by `xsched-lv3 run`, then
     pre-hook).
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
 streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
-functions on tensors between two model calls, the loss), a client's first backward pass, the
+functions on tensors between two model calls, a loss computed with them), a client's first
+backward pass after a higher client appears, the
 backward of work a parent module launches itself or of a leaf whose output is not a tensor (an
 LSTM's tuple; both run between their neighbours' hooks), the inside of a captured CUDA/HIP
 graph, which is one launch, and the inside of a torch.compile'd model, whose modules dynamo runs
@@ -126,10 +127,9 @@ def _hook_backward(gate, out):
     that its backward is gated too; once a node: a leaf that returns its input (Identity, Dropout in
     eval) finds the previous leaf's node hooked already, while an in-place one (ReLU(inplace=True))
     has made a node of its own. A node pre-hook, not Tensor.register_hook: it fires at the same
-    moment (before the leaf's backward) and costs less to register (2.5-4.2 against 4.2-6.2 us on
-    this project's 2-vCPU sandbox, torch 2.13; neither changed what the hooks cost a training
-    ResNet-50 b32 on an H100, which is autograd calling into Python at every leaf: README,
-    *A training batch job*). The node is remembered by id only (a reference would keep its saved
+    moment (before the leaf's backward) and costs less to register (scripts/probes/torch_cpu_checks.py;
+    neither changed what the hooks cost a training ResNet-50 b32 on an H100, which is autograd
+    calling into Python at every leaf: README, *A training batch job*). The node is remembered by id only (a reference would keep its saved
     tensors alive after the graph is freed), and forgotten at each request's start: within one
     forward pass every node is alive, so its id is its own; across passes a freed node's id is
     reused at once."""
@@ -154,7 +154,7 @@ def _watch_for_backward(gate, out):
         out.grad_fn.register_prehook(gate.backward_reached)
 
 
-def _dynamo_skips_wrapper(torch, scheduled_call):
+def _update_dynamos_record(scheduled_call):
     """Dynamo inlines a compiled model's modules (never calling them) only while nn.Module.__call__
     is the one it saw at its own import (torch/_dynamo/utils.py: unpatched_nn_module_call, imported
     by name into variables/nn_module.py); one patched later is traced, and the gate's board reads
@@ -222,7 +222,7 @@ def install():
         return None
 
     torch.nn.Module.__call__ = scheduled_call
-    _dynamo_skips_wrapper(torch, scheduled_call)
+    _update_dynamos_record(scheduled_call)
     optim = getattr(getattr(torch, "optim", None), "optimizer", None)
     register_step_hook = getattr(optim, "register_optimizer_step_pre_hook", None)   # torch >= 2.0
     if register_step_hook is not None:

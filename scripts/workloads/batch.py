@@ -18,9 +18,10 @@ from benchlib import iterations_per_second  # noqa: E402  (the benchmarks' one c
 from models import MODELS, build, wait_for_start  # noqa: E402
 
 
-def make_step(model, x, train=False):
+def make_step(model, x, train=False, warm=10):
     """One iteration, ended by a synchronize: a forward pass without autograd, or a training step
-    whose loss is a plain function of the output (any model's output has a mean)."""
+    whose loss is a plain function of the output (any model's output has a mean). Runs `warm` of
+    them first, untimed (kernel selection, the allocator's pools)."""
     import torch
     stream = torch.cuda.current_stream()
     if not train:
@@ -28,15 +29,17 @@ def make_step(model, x, train=False):
             with torch.no_grad():
                 model(x)
             stream.synchronize()
-        return step
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    else:
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        model(x).float().square().mean().backward()
-        optimizer.step()
-        stream.synchronize()
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            model(x).float().square().mean().backward()
+            optimizer.step()
+            stream.synchronize()
+    for _ in range(warm):
+        step()
     return step
 
 
@@ -50,8 +53,6 @@ def main():
     args = p.parse_args()
     model, x = build(args.model, args.batch)
     step = make_step(model, x, args.train)
-    for _ in range(10):
-        step()
     start_at = wait_for_start()
     print(json.dumps({"lp_iters_per_s": iterations_per_second(step, start_at, args.seconds, args.warmup_s)}), flush=True)
 

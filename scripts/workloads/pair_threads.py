@@ -15,24 +15,25 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import make_step  # noqa: E402
-from models import build  # noqa: E402
+from models import MODELS, build  # noqa: E402
 from serve import serve, warm  # noqa: E402
 from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
-def spec(text):
-    """MODEL:BATCH[:train]"""
+def spec(text, modes=("",)):
+    """MODEL:BATCH, or with "train" among `modes` MODEL:BATCH:train."""
     name, _, rest = text.partition(":")
     batch, _, mode = rest.partition(":")
-    if mode not in ("", "train"):
-        raise argparse.ArgumentTypeError(f"{text}: want MODEL:BATCH or MODEL:BATCH:train")
-    return name, int(batch or 1), mode == "train"
+    want = " or ".join(f"MODEL:BATCH{':' + m if m else ''}" for m in modes)
+    if name not in MODELS or not batch.isdigit() or int(batch) < 1 or mode not in modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: want {want}, MODEL one of {', '.join(MODELS)}, BATCH >= 1")
+    return name, int(batch), mode == "train"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hp", type=spec, default=("resnet18", 4, False))
-    p.add_argument("--lp", type=spec, default=("resnet50", 16, False),
+    p.add_argument("--hp", type=spec, default=("resnet18", 4, False), help="MODEL:BATCH")
+    p.add_argument("--lp", type=lambda text: spec(text, ("", "train")), default=("resnet50", 16, False),
                    help="MODEL:BATCH, or MODEL:BATCH:train for training steps")
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--seconds", type=float, default=26.0)
@@ -60,7 +61,16 @@ def main():
             xt.THREADS_SWITCH_INTERVAL_S = args.switch_interval_ms / 1e3     # what two clients would set
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
+    failed = []
+
     def role(kind, priority, fn):
+        try:
+            run_role(kind, priority, fn)
+        except BaseException as e:             # the other threads and main wait at the barrier: free them
+            failed.append(f"{kind} thread: {type(e).__name__}: {e}")
+            ready.abort()
+
+    def run_role(kind, priority, fn):
         name, batch, train = args.hp if kind == "hp" else args.lp
         stream = torch.cuda.Stream()
         options = {} if args.latency_slack is None or kind == "lp" else {"latency_slack": args.latency_slack}
@@ -71,10 +81,7 @@ def main():
                 warm(model, x, 20)
                 work = (model, x)
             else:
-                step = make_step(model, x, train)
-                for _ in range(10):
-                    step()
-                work = (step,)
+                work = (make_step(model, x, train),)
             ready.wait()
             ready.wait()                       # the main thread has read the start time
             while time.monotonic() < go["at"]:
@@ -102,12 +109,17 @@ def main():
             "lp_iters_per_s": iterations_per_second(step, t, args.seconds, args.warmup_s)})))
     for t in threads:
         t.start()
-    ready.wait()
-    print("READY", flush=True)
-    go["at"] = float(input())
-    ready.wait()
+    try:
+        ready.wait()
+        print("READY", flush=True)
+        go["at"] = float(input())
+        ready.wait()
+    except threading.BrokenBarrierError:
+        pass
     for t in threads:
         t.join()
+    if failed:
+        sys.exit("pair_threads: " + "; ".join(failed))
     print(json.dumps(results), flush=True)
 
 
