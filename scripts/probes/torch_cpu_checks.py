@@ -133,8 +133,9 @@ with torch.no_grad():
     counted["n"] = 0
     for _ in range(3):
         compiled(data)
+    per_call = counted["n"] / 3
     explained = torch._dynamo.explain(net)(data)
-print(json.dumps({"backend": BACKEND, "guarded": lp.guarded, "leaves_counted_per_call": counted["n"] / 3,
+print(json.dumps({"backend": BACKEND, "guarded": lp.guarded, "leaves_counted_per_call": per_call,
                   "graphs": explained.graph_count, "graph_breaks": explained.graph_break_count}))
 ''',
 }
