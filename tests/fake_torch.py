@@ -63,9 +63,6 @@ def make(gpu):
             self.grad_fn = Node(made_by) if requires_grad and made_by is not None else None
 
         def backward(self):
-            torch.autograd.backward(self)        # as torch's Tensor.backward
-
-        def _run_backward(self):
             """As the CUDA autograd engine: on a thread of its own while the caller waits; from this
             tensor back, each grad_fn's pre-hooks, then its module's backward kernel (the module's
             backward_s, else twice its forward's time)."""
@@ -83,10 +80,6 @@ def make(gpu):
             thread.start()
             thread.join()
     torch.Tensor = Tensor
-    autograd = types.ModuleType("torch.autograd")
-    autograd.backward = lambda tensors, *a, **k: tensors._run_backward()
-    autograd.grad = lambda outputs, inputs, *a, **k: outputs._run_backward()
-    torch.autograd = autograd
 
     class Module:
         def __init__(self, *children, kernel_s=0.0, name="m"):

@@ -232,13 +232,7 @@ def test_work_a_parent_launches_between_its_children_is_gated(torch_fake):
 
     class HighPriorityArrives(torch.nn.Module):
         def forward(self, x):                      # the HP becomes active while the LP is in child 0
-            hp.begin_request()
-
-            def finish():
-                time.sleep(0.05)
-                ended["at"] = time.monotonic()
-                hp._mark(False)
-            threading.Thread(target=finish).start()
+            _hp_active_for(hp, 0.05, ended)
             return x
     block = torch.nn.Attention(HighPriorityArrives(), torch.nn.Module(kernel_s=0.0, name="out"), name="attn")
     with xt.client(priority=0):
