@@ -626,6 +626,25 @@ def test_module_calls_on_the_cpu_record_nothing(torch_fake):
     lp.close()
 
 
+def test_a_guarded_client_on_the_cpu_records_nothing_until_it_uses_the_gpu(torch_fake):
+    """A job that has not used a GPU (CUDA not initialised) next to a higher client: a sync point would
+    initialise CUDA in it, or raise with a torch built without CUDA (seen with torch 2.13's CPU
+    build under `xsched-lv3 run`)."""
+    torch, gpu, xt = torch_fake
+    gpu.initialized = False
+    hp = other_client(xt, priority=10)
+    net = model(torch, "k", 300, 0.0)
+    with xt.client(priority=0) as gate:
+        net(None)
+        assert gate.guarded and gate.window is None
+        assert gpu.events_recorded == 0
+        gpu.initialized = True                      # its first GPU work
+        net(None)                                   # this request finds the GPU in use
+        net(None)
+        assert gate.window is not None and gpu.events_recorded > 0
+    hp.close()
+
+
 def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
     """Threads of one process: the held thread does not poll the board (each poll would take the GIL
     from the thread serving the latency-critical request); the holder's end of request wakes it."""

@@ -207,14 +207,18 @@ class Gate:
 
     def _set_mode(self, guarded, tracking, window_scale=1):
         window_us = self.window_us * window_scale if self.window_us else self.window_us
-        if guarded and not self.guarded and window_us:
+        # Only once this process uses a GPU (self.device) is anything of ours in flight there: a job on
+        # the CPU has nothing to bound, and a sync point would initialise CUDA in it (or, with a torch
+        # built without CUDA, raise). The request that finds the GPU in use announces its device, and
+        # the board's change brings us back here.
+        windowed = guarded and window_us and self.device
+        if windowed and self.window is None:
             self.window = ProgressiveWindow(window_us)
             self._per_sync, self._leaves, self._look_after = self.window.per_sync, 0, 0
-            if self.device:                        # GPU in use: what we launched while free is in flight too
-                self.window.backlog(self.recorder.record())
-        elif not guarded:
+            self.window.backlog(self.recorder.record())     # what we launched before is in flight too
+        elif not windowed:
             self.window = None
-        elif self.window is not None and self.window.window_us != window_us:
+        elif self.window.window_us != window_us:
             with self._window_lock:
                 self.window.resize(window_us)
                 self._per_sync = self.window.per_sync
