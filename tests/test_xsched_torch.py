@@ -1,6 +1,7 @@
 """The PyTorch integration's logic with a fake torch (see fake_torch.py): module gates, request
 activity, the progressive window, the Lv1 TorchHwQueue. Its real behaviour is measured on a GPU by
 scripts/bench_two_models.py and scripts/bench_preempt_latency.py."""
+import os
 import sys
 import threading
 import time
@@ -643,6 +644,25 @@ def test_a_guarded_client_on_the_cpu_records_nothing_until_it_uses_the_gpu(torch
         net(None)
         assert gate.window is not None and gpu.events_recorded > 0
     hp.close()
+
+
+def test_a_forked_child_runs_unscheduled(torch_fake):
+    """A DataLoader worker forked by a scheduled process (its transforms may be modules) must not mark
+    the parent's slot active or record CUDA events (which raise in a forked child)."""
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)              # the HP tracks its requests for it
+    with xt.client(priority=10) as gate:
+        model(torch, "k", 3, 0.0)(None)            # the GPU is in use, the HP tracking
+        assert gate.tracking
+        recorded = gpu.events_recorded
+        pid = os.fork()
+        if pid == 0:                               # the child: a module call, then report
+            model(torch, "t", 3, 0.0)(None)
+            untouched = gpu.events_recorded == recorded and gate.board.read_slot(gate.slot)[2] == 0
+            os._exit(0 if untouched else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    lp.close()
 
 
 def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):

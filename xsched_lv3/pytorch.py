@@ -28,6 +28,7 @@ board read per request.
     with xt.client(priority=10):      # this thread is latency-critical
         y = model(x)
 """
+import os
 import sys
 import threading
 import zlib
@@ -168,6 +169,16 @@ def _update_dynamos_record(scheduled_call):
             module.unpatched_nn_module_call = scheduled_call
 
 
+def _forget_gates_in_forked_child():
+    """A forked child (a DataLoader worker, whose transforms may be modules) runs unscheduled: the
+    gates, their board slots and watcher threads are the parent's, and a CUDA event recorded in it
+    raises ("Cannot re-initialize CUDA in forked subprocess"). A spawned child under `xsched-lv3 run`
+    is a client of its own."""
+    global _process_gate
+    _process_gate = None
+    _local.__dict__.clear()
+
+
 def install():
     """Wrap nn.Module.__call__ (idempotent) and hook every optimizer's step."""
     global _installed, _Tensor
@@ -223,6 +234,7 @@ def install():
 
     torch.nn.Module.__call__ = scheduled_call
     _update_dynamos_record(scheduled_call)
+    os.register_at_fork(after_in_child=_forget_gates_in_forked_child)
     optim = getattr(getattr(torch, "optim", None), "optimizer", None)
     register_step_hook = getattr(optim, "register_optimizer_step_pre_hook", None)   # torch >= 2.0
     if register_step_hook is not None:
