@@ -9,6 +9,10 @@ since CUDA events need a GPU. Prints and writes one JSON document:
   compile                torch.compile'd model, per call: leaves counted by the gate, and dynamo's
                          graphs and graph breaks; with dynamo imported before install(), with and
                          without install() updating dynamo's record of nn.Module.__call__
+  cpu_job                a guarded client with the real recorder on a torch without CUDA: trains
+                         without error (its first sync point used to raise)
+  forked_worker          a DataLoader worker (fork) whose transform is a module, under a tracking
+                         service's gate: the service's slot stays idle
 
     pip install torch==2.13.0       # a CPU build
     python scripts/probes/torch_cpu_checks.py --out results/diagnostics/torch_cpu_checks_REV.json
@@ -138,6 +142,42 @@ with torch.no_grad():
 print(json.dumps({"backend": BACKEND, "guarded": lp.guarded, "leaves_counted_per_call": per_call,
                   "graphs": explained.graph_count, "graph_breaks": explained.graph_break_count}))
 ''',
+    "cpu_job": r'''
+xt.install()
+lp = xt._process_gate = Gate(xt.TorchRecorder(), priority=0)
+hp = Gate(StandInRecorder(), priority=10)
+net, data = small_cnn(), torch.randn(4, 3, 16, 16)
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+error = None
+try:
+    for _ in range(3):
+        optimizer.zero_grad()
+        net(data).square().mean().backward()
+        optimizer.step()
+except Exception as e:
+    error = f"{type(e).__name__}: {e}"
+print(json.dumps({"cuda_built": torch.backends.cuda.is_built(), "guarded": lp.guarded,
+                  "window": lp.window is not None, "error": error}))
+''',
+    "forked_worker": r'''
+xt.install()
+service = xt._process_gate = Gate(StandInRecorder(), priority=10)
+batch_job = Gate(StandInRecorder(), priority=0)
+nn.Linear(2, 2)(torch.randn(1, 2))             # a request: the service tracks, its GPU "in use"
+class Crop(nn.Module):
+    def forward(self, x):
+        return x[..., :4]
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        x = Crop()(torch.randn(8))
+        return x, int(service.board.read_slot(service.slot)[2])
+loader = torch.utils.data.DataLoader(Data(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+marked = [int(m) for _x, ms in loader for m in ms]
+print(json.dumps({"service_tracking": service.tracking, "samples": len(marked),
+                  "service_slot_active_in_workers": sum(marked)}))
+''',
 }
 
 
@@ -169,7 +209,9 @@ def main():
            "compile": [dict(run_part("compile", BACKEND=backend, DYNAMO_FIRST=first, NO_UPDATE=no_update),
                             dynamo_imported_first=first, record_updated=not no_update)
                        for backend in ("eager", "inductor")
-                       for first, no_update in ((False, False), (True, False), (True, True))]}
+                       for first, no_update in ((False, False), (True, False), (True, True))],
+           "cpu_job": run_part("cpu_job"),
+           "forked_worker": run_part("forked_worker")}
     print(json.dumps(doc, indent=1))
     if args.out:
         write_results(args.out, doc)
