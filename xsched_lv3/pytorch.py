@@ -16,12 +16,12 @@ every thread of a process started by `xsched-lv3 run`, then
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
 streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
 functions on tensors between two model calls, a loss computed with them), a client's first
-backward pass after a higher client appears, the
-backward of work a parent module launches itself or of a leaf whose output is not a tensor (an
-LSTM's tuple; both run between their neighbours' hooks), the inside of a captured CUDA/HIP
-graph, which is one launch, and the inside of a torch.compile'd model, whose modules dynamo runs
-without calling them: a call is one command to the window. A client with nobody above it pays one wrapper per module call and one
-board read per request.
+backward pass after a higher client appears, the backward of work a parent module launches
+itself or of a leaf whose output is not a tensor (an LSTM's tuple; both run between their
+neighbours' hooks), the inside of a captured CUDA/HIP graph, which is one launch, and the inside
+of a torch.compile'd model, whose modules dynamo runs without calling them: a call is one command
+to the window. A client with nobody above it pays one wrapper per module call and one board read
+per request.
 
     import xsched_lv3.pytorch as xt
     xt.install()
@@ -128,12 +128,12 @@ def _hook_backward(gate, out):
     that its backward is gated too; once a node: a leaf that returns its input (Identity, Dropout in
     eval) finds the previous leaf's node hooked already, while an in-place one (ReLU(inplace=True))
     has made a node of its own. A node pre-hook, not Tensor.register_hook: it fires at the same
-    moment (before the leaf's backward) and costs less to register (scripts/probes/torch_cpu_checks.py;
-    neither changed what the hooks cost a training ResNet-50 b32 on an H100, which is autograd
-    calling into Python at every leaf: README, *A training batch job*). The node is remembered by id only (a reference would keep its saved
-    tensors alive after the graph is freed), and forgotten at each request's start: within one
-    forward pass every node is alive, so its id is its own; across passes a freed node's id is
-    reused at once."""
+    moment (before the leaf's backward) and costs less to register
+    (scripts/probes/torch_cpu_checks.py; neither changed what the hooks cost a training ResNet-50
+    b32 on an H100, which is autograd calling into Python at every leaf: README, *A training batch
+    job*). The node is remembered by id only (a reference would keep its saved tensors alive after
+    the graph is freed), and forgotten at each request's start: within one forward pass every node
+    is alive, so its id is its own; across passes a freed node's id is reused at once."""
     if isinstance(out, _Tensor) and out.requires_grad:
         node = out.grad_fn
         if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
@@ -162,7 +162,6 @@ def _update_dynamos_record(scheduled_call):
     break the graph at every module. `xsched-lv3 run` installs at torch's import, before dynamo's;
     a program that compiled something before `install()` gets dynamo's record updated, so compiled
     models behave alike either way (dynamo's private names: where they are missing, nothing)."""
-    import sys
     for name in ("torch._dynamo.utils", "torch._dynamo.variables.nn_module"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "unpatched_nn_module_call", None) is not None:
