@@ -74,6 +74,22 @@ def latency_summary(latencies_s, prefix="hp"):
             f"{prefix}_max_ms": lat[-1] * 1e3}
 
 
+def _git(tree, *cmd):
+    """A git command's output in `tree`, or None (not a work tree, no git)."""
+    try:
+        r = subprocess.run(["git", "-C", str(tree), *cmd], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except OSError:
+        return None
+
+
+def git_revision_of(tree):
+    """The commit the git work tree whose top is `tree` is at; None where `tree` is not one (a `git
+    archive` unpacked inside another work tree would otherwise report that tree's commit)."""
+    out = (_git(tree, "rev-parse", "--show-toplevel", "HEAD") or "").split()
+    return out[1] if len(out) == 2 and Path(out[0]).resolve() == Path(tree).resolve() else None
+
+
 def provenance(argv=None):
     """What every results file records: git revision and dirty flag (BENCH_GIT_REVISION /
     BENCH_GIT_DIRTY where set, as for a tree copied to the device machine, whose .git may be stale;
@@ -84,19 +100,12 @@ def provenance(argv=None):
     import sys
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
-
-    def git(*cmd):
-        try:
-            r = subprocess.run(["git", "-C", str(repo), *cmd], capture_output=True, text=True, timeout=10)
-            return r.stdout.strip() if r.returncode == 0 else None
-        except OSError:
-            return None
     rev = os.environ.get("BENCH_GIT_REVISION")
     if rev:
         dirty = os.environ.get("BENCH_GIT_DIRTY") == "1"
     else:
-        rev = git("rev-parse", "HEAD") or "unknown"
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        rev = git_revision_of(repo) or "unknown"
+        dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
     card = "none found (no nvidia-smi or rocm-smi answered)"
     for tool in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], ["rocm-smi", "--showproductname"]):
         try:

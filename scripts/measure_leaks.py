@@ -25,19 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
-from benchlib import provenance  # noqa: E402
+from benchlib import git_revision_of, provenance  # noqa: E402
 from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
-
-
-def git_revision_of(checkout):
-    """The commit a scheduler checkout is at, where it is a git work tree (a `git archive` is not:
-    None, and the results say so)."""
-    import subprocess
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"],
-                          capture_output=True, text=True)
-    lines = done.stdout.split()
-    return lines[1] if done.returncode == 0 and len(lines) == 2 and Path(lines[0]) == checkout else None
 
 
 def main():
