@@ -10,6 +10,9 @@ alternating segments (so host drift hits them alike), each segment's iterations/
   guarded-nowin   the same with the window off (the checks alone)
   guarded-nobwd   guarded, the backward hooks doing nothing (with --train: what gating backward costs)
   guarded-nohooks guarded-nowin with no backward hook registered at all
+  guarded-everyleaf, guarded-everyleaf-nowin
+                  guarded, guarded-nowin with a backward hook at every leaf (MAX_LEAVES_PER_HOOK = 1,
+                  as before 2026-11-27), not only at weighted ones
   guarded-fresh   guarded, a new event per sync point (no reuse)                  (only with --configs)
   guarded-max32   guarded, sync points up to 32 leaves apart while the GPU keeps up (only with --configs)
 --event-costs first prints the CPU time of each event operation a sync point makes (GPU kept busy).
@@ -38,7 +41,8 @@ from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "wrapper", "free", "guarded", "guarded-nowin")
-MORE_CONFIGS = ("guarded-fresh", "guarded-max32", "guarded-nobwd", "guarded-nohooks")
+MORE_CONFIGS = ("guarded-fresh", "guarded-max32", "guarded-nobwd", "guarded-nohooks", "guarded-everyleaf",
+                "guarded-everyleaf-nowin")
 
 
 def event_costs(torch, n=20000):
@@ -98,7 +102,9 @@ def main():
     wrapped = torch.nn.Module.__call__
     hook_backward = xt._hook_backward
 
-    def no_hook(gate, out):
+    default_leaves_per_hook = xt.MAX_LEAVES_PER_HOOK
+
+    def no_hook(gate, module, out):
         return None
 
     def segment(config):
@@ -109,9 +115,10 @@ def main():
         if config not in ("none", "wrapper"):
             recorder = FreshRecorder() if config == "guarded-fresh" else xt.TorchRecorder()
             gate = Gate(recorder, priority=0,
-                        window_us=0 if config in ("guarded-nowin", "guarded-nohooks") else xt.DEFAULT_WINDOW_US)
+                        window_us=0 if config.endswith(("-nowin", "-nohooks")) else xt.DEFAULT_WINDOW_US)
             if config == "guarded-nobwd":
-                gate.before_backward = lambda grad: None     # still registered, does nothing
+                gate.before_backward = lambda commands, grad: None     # still registered, does nothing
+        xt.MAX_LEAVES_PER_HOOK = 1 if config.startswith("guarded-everyleaf") else default_leaves_per_hook
         xt._process_gate = gate
         xt._hook_backward = no_hook if config == "guarded-nohooks" else hook_backward
         n, t0 = 0, time.monotonic()

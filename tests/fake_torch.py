@@ -82,8 +82,11 @@ def make(gpu):
     torch.Tensor = Tensor
 
     class Module:
-        def __init__(self, *children, kernel_s=0.0, name="m"):
+        def __init__(self, *children, kernel_s=0.0, name="m", weighted=True):
+            """weighted: a leaf that owns a weight matrix (a convolution, a linear layer), not an
+            activation or a normalisation."""
             self._modules = {str(i): c for i, c in enumerate(children)}
+            self._parameters = {"weight": types.SimpleNamespace(ndim=2)} if weighted and not children else {}
             self.kernel_s, self.name = kernel_s, name
 
         def forward(self, x):

@@ -364,10 +364,28 @@ def test_hooks_go_to_leaves_of_a_client_that_trains_and_once_per_node(torch_fake
         _train_once(torch)
         assert gate.trains
         out = net(torch.Tensor(requires_grad=True))
-        assert [hook.__name__ for hook in _hooks_along(out)] == ["before_backward"] * 2   # a and b, not the identity
+        assert [hook.func.__name__ for hook in _hooks_along(out)] == ["before_backward"] * 2   # a and b, not the identity
         assert [len(n.prehooks) for n in _nodes_along(out)] == [1, 1]
         top_level_leaf = torch.nn.Module(kernel_s=0.0, name="leaf")
         assert len(top_level_leaf(torch.Tensor(requires_grad=True)).grad_fn.prehooks) == 1
+    hp.close()
+
+
+def test_backward_hooks_go_to_weighted_leaves_and_never_more_than_a_few_leaves_apart(torch_fake):
+    torch, gpu, xt = torch_fake
+    pattern = "wuuuuuwuw"                          # w: a convolution or linear layer; u: activation, norm, pool
+    net = torch.nn.Module(*[torch.nn.Module(name=f"{kind}{i}", weighted=kind == "w")
+                            for i, kind in enumerate(pattern)])
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0):
+        _train_once(torch)
+        out = net(torch.Tensor(requires_grad=True))
+    hooked = [(node.module.name, node.prehooks[0].args[0]) for node in reversed(_nodes_along(out)) if node.prehooks]
+    # every weighted leaf, and an unweighted one once MAX_LEAVES_PER_HOOK went by without a hook; each
+    # counts its leaves' backward (BACKWARD_COMMANDS = 2 each) since the previous hook, so none is lost
+    assert xt.MAX_LEAVES_PER_HOOK == 3
+    assert hooked == [("w0", 2), ("u3", 6), ("w6", 6), ("w8", 4)]
+    assert sum(commands for _, commands in hooked) == 2 * len(pattern)
     hp.close()
 
 
@@ -399,7 +417,7 @@ def test_a_top_level_leaf_is_hooked_in_every_iteration(torch_fake, monkeypatch):
     with xt.client(priority=0) as gate:
         fired = []
         before = gate.before_backward
-        gate.before_backward = lambda grad: (fired.append(1), before(grad))[1]
+        gate.before_backward = lambda commands, grad: (fired.append(1), before(commands, grad))[1]
         for _ in range(4):
             leaf(torch.Tensor(requires_grad=True)).backward()
         assert gate.trains and len(fired) == 3     # the first backward found it training; then every one

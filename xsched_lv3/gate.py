@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
+from functools import partial
 
 from kfdtool.pids import stopped
 
@@ -77,6 +78,8 @@ class Gate:
         self._backward_begun = False               # backward hooks have run since the last request began
         self.trains = False                        # a backward pass reached one of its requests' outputs
         self.hooked_node = None                    # id of the autograd node hooked last (pytorch._hook_backward)
+        self.unhooked_leaves = 0                   # ... and the guarded leaves since, in this forward pass
+        self._backward_hooks = {}                  # leaves a hook counts for -> that hook (backward_hook)
         self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
@@ -236,7 +239,7 @@ class Gate:
     # --- requests (a top-level module call) -------------------------------------------------------------
     def begin_request(self):
         self._backward_begun = False               # a forward pass: the next backward is a new phase
-        self.hooked_node = None
+        self.hooked_node, self.unhooked_leaves = None, 0
         if self.slot is None:
             return                                 # closed, or released by a daemon restart
         now = time.monotonic()
@@ -375,7 +378,15 @@ class Gate:
         self.trains = True
         return None
 
-    def before_backward(self, grad_outputs):
+    def backward_hook(self, leaves):
+        """The pre-hook for the autograd node behind a guarded leaf that counts for `leaves` leaves (it
+        and those since the previous hooked one: pytorch._hook_backward); one per count, made once."""
+        hook = self._backward_hooks.get(leaves)
+        if hook is None:
+            hook = self._backward_hooks[leaves] = partial(self.before_backward, BACKWARD_COMMANDS * leaves)
+        return hook
+
+    def before_backward(self, commands, grad_outputs):
         """A pre-hook on the autograd node that made a guarded leaf's output: autograd calls it on its
         own thread once that output's gradient is ready, i.e. after the backward work of the modules
         that used it and before the leaf's own (the engine has set the stream that work runs on).
@@ -389,7 +400,7 @@ class Gate:
             if not self._backward_begun:
                 self._backward_begun = True
                 self._new_phase()
-            self.after_leaf(BACKWARD_COMMANDS)
+            self.after_leaf(commands)
         return None                                    # the gradients are left as they are
 
     def _new_phase(self):

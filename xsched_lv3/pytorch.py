@@ -39,6 +39,9 @@ from .runenv import process_gate
 from .window import DEFAULT_WINDOW_US
 
 MAX_CACHED_STREAMS = 64                    # TorchRecorder's Stream objects, at most
+# In a client that trains, at most this many guarded leaves in a row without a backward hook: between
+# two hooks at most MAX_LEAVES_PER_HOOK - 1 leaves' backward runs unchecked (_hook_backward)
+MAX_LEAVES_PER_HOOK = 3
 _local = threading.local()
 _process_gate = None
 _Tensor = None                             # torch.Tensor, once installed
@@ -123,22 +126,39 @@ class TorchRecorder:
         return zlib.crc32(name.encode()) or 1
 
 
-def _hook_backward(gate, out):
+def _hook_backward(gate, module, out):
     """In a client that trains, a guarded leaf's output gets a pre-hook on the node that made it, so
-    that its backward is gated too; once a node: a leaf that returns its input (Identity, Dropout in
-    eval) finds the previous leaf's node hooked already, while an in-place one (ReLU(inplace=True))
-    has made a node of its own. A node pre-hook, not Tensor.register_hook: it fires at the same
-    moment (before the leaf's backward) and costs less to register
-    (scripts/probes/torch_cpu_checks.py; neither changed what the hooks cost a training ResNet-50
-    b32 on an H100, which is autograd calling into Python at every leaf: README, *A training batch
-    job*). The node is remembered by id only (a reference would keep its saved tensors alive after
-    the graph is freed), and forgotten at each request's start: within one forward pass every node
-    is alive, so its id is its own; across passes a freed node's id is reused at once."""
+    that its backward is gated too. Not every leaf's: autograd calling into Python is what gating a
+    backward costs (a training ResNet-50 b32 on an H100 kept 0.88-0.92 of unscheduled with a hook at
+    every leaf, 0.96 with none: README, *A training batch job*), so only the leaves that own a weight
+    matrix or filter (convolutions, linear layers, embeddings: whose backward computes a weight
+    gradient, the bulk of a backward pass) get one, and any other leaf once MAX_LEAVES_PER_HOOK have
+    gone by unhooked (a model with few weighted layers stays covered). The normalisation, activation
+    and pooling leaves in between launch short elementwise kernels; each hook counts the leaves since
+    the previous one toward the window. Once a node: a leaf that returns its input (Identity, Dropout
+    in eval) finds the previous leaf's node hooked already, while an in-place one
+    (ReLU(inplace=True)) has made a node of its own. A node pre-hook, not Tensor.register_hook: it
+    fires at the same moment (before the leaf's backward) and costs less to register
+    (scripts/probes/torch_cpu_checks.py). The node is remembered by id only (a reference would keep
+    its saved tensors alive after the graph is freed), and forgotten at each request's start: within
+    one forward pass every node is alive, so its id is its own; across passes a freed node's id is
+    reused at once."""
+    gate.unhooked_leaves = leaves = gate.unhooked_leaves + 1
+    if leaves < MAX_LEAVES_PER_HOOK and not _owns_weight_matrix(module):
+        return
     if isinstance(out, _Tensor) and out.requires_grad:
         node = out.grad_fn
         if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
             gate.hooked_node = id(node)
-            node.register_prehook(gate.before_backward)
+            node.register_prehook(gate.backward_hook(leaves))
+            gate.unhooked_leaves = 0
+
+
+def _owns_weight_matrix(module):
+    for parameter in getattr(module, "_parameters", {}).values():
+        if parameter is not None and parameter.ndim >= 2:
+            return True
+    return False
 
 
 def _watch_for_backward(gate, out):
@@ -199,7 +219,7 @@ def install():
             if gate.guarded and not module._modules:
                 gate.after_leaf()
                 if gate.trains:
-                    _hook_backward(gate, out)     # its backward is gated too
+                    _hook_backward(gate, module, out)     # its backward is gated too
             return out
         gate = state.get("gate") or _process_gate
         if gate is None:
@@ -220,7 +240,7 @@ def install():
             # the window: at most about one call stays in flight beyond it
             gate.after_leaf()
             if gate.trains:
-                _hook_backward(gate, out)
+                _hook_backward(gate, module, out)
         if gate.guarded and not gate.trains:
             _watch_for_backward(gate, out)
         return out
