@@ -100,7 +100,6 @@ class Gate:
         self._busy_since = None                    # when the current busy period (requests open or in flight) began
         self._protecting = False                   # the current busy period holds lower clients
         self._exposed = False                      # ... it began without holding them (a probe, or harmless)
-        self._guarded_at = 0.0                     # ... and when its exposure guard made it hold them after all
         self._period = 0                           # busy periods begun
         # An exposed busy period that runs past its deadline (protection.guard_deadline_s) is protected
         # for the rest of it: lower clients are held once they endanger this request, not before
@@ -314,9 +313,7 @@ class Gate:
                 since = self._busy_since
                 if request == self._requests and not self._open and since is not None:
                     # none began meanwhile: the busy period ends here, and its latency is known
-                    now = time.monotonic()
-                    guarded_for = now - self._guarded_at if self._exposed and self._protecting else None
-                    self.protection.finished(not self._exposed, now - since, guarded_for)
+                    self.protection.finished(not self._exposed, time.monotonic() - since)
                     self._publish_exposing()
                     self._busy_since = None
                     if self._exposed:
@@ -347,7 +344,6 @@ class Gate:
             with self._lock:
                 if period == self._period and self._busy_since is not None and not self._protecting:
                     self._protecting = True        # past the guard deadline: hold them after all
-                    self._guarded_at = time.monotonic()
                     self._mark(True)
 
     # --- per module call, while guarded ------------------------------------------------------------------

@@ -13,16 +13,9 @@ It starts protected. After a warm-up and a baseline of protected requests it *pr
 PROBE_REQUESTS exposed requests, alternating with protected ones so both see the same load.
 
 What the slack bounds is the tail (a user judges a service by its P99), and it is guarded per request:
-an exposed request still running at the guard's deadline is protected for the rest of it (the gate's
-exposure guard), so lower clients are held only once they endanger that request, and early enough
-that it can still end in the protected range: the deadline is the overrun bound (below) less the time
-the recently guarded requests took from their guard to their end (the lower clients' in-flight work
-drained, the request's own rest). Before any request was guarded it is the protected median plus the
-slack. A fixed deadline near the top of the protected range (their 90th percentile plus the slack,
-until 2026-11-27) made nearly every guarded request an overrun, since little time is left there: on an
-H100 a training batch job that moved the service's P50 by 4 % and not its P99 (0.91x of alone next to
-it with no scheduler) failed both probes of a run on two overruns in five exposed requests, and was
-held for every request (results/diagnostics/bench_two_models_train_processes_h100_*_5971941.json).
+an exposed request still running past the 90th percentile of the recent protected ones, plus the
+slack, is protected for the rest of it (the gate's exposure guard), so lower clients are held only
+once they endanger that request, and early enough that it can still end in the protected range.
 Exposure is judged by the exposed requests that *overrun* all the same: end later than the recent
 protected requests, plus the slack. "Later than the protected requests" leaves out their
 OUTLIERS_IGNORED slowest: a host pause (a jittery VM, another tenant) hits protected and exposed
@@ -48,7 +41,6 @@ protected requests): a lower client that always hurts costs one exposed request 
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
-import statistics
 from collections import deque
 
 DEFAULT_LATENCY_SLACK = 0.10   # how much slower than the protected tail an exposed request may end
@@ -64,8 +56,6 @@ OUTLIERS_IGNORED = 2
 # chance one does not, a second soon after does, before a few set the P99.
 OVERRUN_BUDGET = 1
 OVERRUN_WINDOW = 64
-# The guard's deadline leaves room for the slowest of this many latest guarded requests' rest (guard_deadline_s)
-GUARD_SAMPLES = 8
 
 
 class Protection:
@@ -76,7 +66,6 @@ class Protection:
         # the latest protected latencies (s): recent, so a warm-up or an old phase soon leaves them
         self.protected = deque(maxlen=BASELINE_REQUESTS)
         self._overruns = deque(maxlen=OVERRUN_BUDGET + 1)   # which exposed requests overran (their number)
-        self._after_guard = deque(maxlen=GUARD_SAMPLES)     # guarded exposed requests: from the guard to the end (s)
         self.exposing = False                        # the verdict: lower clients are harmless
         self._probe_left = 0                         # exposed requests still to run in this probe
         self._gap = FIRST_PROBE_GAP
@@ -101,11 +90,8 @@ class Protection:
             return False
         return True
 
-    def finished(self, protected, latency_s, guarded_for_s=None):
-        """A request ended (its GPU work completed) `latency_s` after it began; an exposed one that the
-        gate's guard protected mid-way, `guarded_for_s` after the guard."""
-        if guarded_for_s is not None and not protected:
-            self._after_guard.append(guarded_for_s)
+    def finished(self, protected, latency_s):
+        """A request ended (its GPU work completed) `latency_s` after it began."""
         if protected:
             if self.exposing:
                 # Protected while exposing: the request waited for what lower clients queued under the
@@ -145,15 +131,14 @@ class Protection:
         return ordered[max(0, len(ordered) - 1 - OUTLIERS_IGNORED)]
 
     def guard_deadline_s(self):
-        """How long an exposed request runs before the gate protects it after all: the overrun bound
-        less the slowest rest of the latest guarded requests, so that a request lower clients slow is
-        protected while it can still end within that bound: per request, lower clients are held only
-        once they endanger it. Before any request was guarded, the protected median plus the slack."""
+        """How long an exposed request runs before the gate protects it after all: past the 90th
+        percentile of the protected ones, by the slack. Earlier than the overrun bound, so a request
+        that a lower client slows is protected while it can still end within that bound: per request,
+        lower clients are held only once they endanger it."""
         if not self.protected:
             return float("inf")
-        if self._after_guard:
-            return max(0.0, self.overrun_bound_s() - max(self._after_guard))
-        return (1 + self.slack) * statistics.median(self.protected)
+        ordered = sorted(self.protected)
+        return (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
 
     def new_company(self):
         """A lower client joined: a verdict about the others says nothing about it. Protected from
