@@ -9,14 +9,16 @@ every thread of a process started by `xsched-lv3 run`, then
     after every leaf module (so work a parent launches between its children is gated too) whether
     it may launch now, and keeps its in-flight GPU work within the window.
   * in a client that trains (a backward pass reached one of its outputs), gates the backward the same
-    way: the autograd node that made a leaf module's output gets a pre-hook, which autograd runs on
-    its own thread just before that node's backward work (the hook checks the gate and counts
-    toward the window), and the optimizer's step is checked before it launches (a global step
-    pre-hook).
+    way: the autograd node that made a weighted leaf's output (a convolution's, a linear layer's; and
+    any leaf's once MAX_LEAVES_PER_HOOK went by unhooked) gets a pre-hook, which autograd runs on its
+    own thread just before that node's backward work (the hook checks the gate and counts the leaves
+    since the previous hook toward the window), and the optimizer's step is checked before it
+    launches (a global step pre-hook).
 The gate throttles the launching thread, not a stream, so it covers the default stream and other
 streams alike. Not covered: kernels launched outside any module call and optimizer step (plain
 functions on tensors between two model calls, a loss computed with them), a client's first
-backward pass after a higher client appears, the backward of work a parent module launches
+backward pass after a higher client appears, the backward of the unweighted leaves between two
+hooks (at most MAX_LEAVES_PER_HOOK - 1 in a row), the backward of work a parent module launches
 itself or of a leaf whose output is not a tensor (an LSTM's tuple; both run between their
 neighbours' hooks), the inside of a captured CUDA/HIP graph, which is one launch, and the inside
 of a torch.compile'd model, whose modules dynamo runs without calling them: a call is one command
