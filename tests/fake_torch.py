@@ -82,12 +82,13 @@ def make(gpu):
     torch.Tensor = Tensor
 
     class Module:
-        def __init__(self, *children, kernel_s=0.0, name="m", weighted=True):
+        def __init__(self, *children, kernel_s=0.0, name="m", weighted=True, frozen=False):
             """weighted: a leaf that owns a weight matrix (a convolution, a linear layer), not an
-            activation or a normalisation."""
+            activation or a normalisation. frozen: its output requires grad only where its input does
+            (its weights do not), as a fine-tuned model's backbone."""
             self._modules = {str(i): c for i, c in enumerate(children)}
             self._parameters = {"weight": types.SimpleNamespace(ndim=2)} if weighted and not children else {}
-            self.kernel_s, self.name = kernel_s, name
+            self.kernel_s, self.name, self.frozen = kernel_s, name, frozen
 
         def forward(self, x):
             for child in self._modules.values():
@@ -95,7 +96,7 @@ def make(gpu):
             if not self._modules:
                 gpu.launch(self.name, self.kernel_s)
                 if isinstance(x, Tensor):
-                    return Tensor(x.requires_grad, self, x)
+                    return Tensor(x.requires_grad or bool(self._parameters and not self.frozen), self, x)
             return x
 
         def __call__(self, *args, **kwargs):

@@ -389,6 +389,19 @@ def test_backward_hooks_go_to_weighted_leaves_and_never_more_than_a_few_leaves_a
     hp.close()
 
 
+def test_a_frozen_backbones_leaves_count_for_no_backward_work(torch_fake):
+    torch, gpu, xt = torch_fake
+    backbone = [torch.nn.Module(name=f"frozen{i}", frozen=True) for i in range(50)]
+    net = torch.nn.Module(*backbone, torch.nn.Module(name="head0"), torch.nn.Module(name="head1", weighted=False))
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0):
+        _train_once(torch)
+        out = net(torch.Tensor(requires_grad=False))     # fine-tuning: only the head has a backward
+    hooked = [(node.module.name, node.prehooks[0].args[0]) for node in _nodes_along(out) if node.prehooks]
+    assert hooked == [("head0", 2)]                      # not 2 x 51: the window would think 100 commands launched
+    hp.close()
+
+
 def test_a_client_is_found_to_train_through_a_dict_or_tuple_output(torch_fake):
     torch, gpu, xt = torch_fake
 

@@ -145,15 +145,16 @@ def _hook_backward(gate, module, out):
     its saved tensors alive after the graph is freed), and forgotten at each request's start: within
     one forward pass every node is alive, so its id is its own; across passes a freed node's id is
     reused at once."""
+    if not (isinstance(out, _Tensor) and out.requires_grad):
+        return                      # no backward runs through it (a frozen backbone): nothing to count
     gate.unhooked_leaves = leaves = gate.unhooked_leaves + 1
     if leaves < MAX_LEAVES_PER_HOOK and not _owns_weight_matrix(module):
         return
-    if isinstance(out, _Tensor) and out.requires_grad:
-        node = out.grad_fn
-        if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
-            gate.hooked_node = id(node)
-            node.register_prehook(gate.backward_hook(leaves))
-            gate.unhooked_leaves = 0
+    node = out.grad_fn
+    if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
+        gate.hooked_node = id(node)
+        node.register_prehook(gate.backward_hook(leaves))
+        gate.unhooked_leaves = 0
 
 
 def _owns_weight_matrix(module):
