@@ -658,20 +658,31 @@ def test_module_calls_on_the_cpu_record_nothing(torch_fake):
     lp.close()
 
 
-def test_a_guarded_client_on_the_cpu_records_nothing_until_it_uses_the_gpu(torch_fake):
-    """A job that has not used a GPU (CUDA not initialised) next to a higher client: a sync point would
-    initialise CUDA in it, or raise with a torch built without CUDA (seen with torch 2.13's CPU
-    build under `xsched-lv3 run`)."""
+def test_a_lower_client_on_the_cpu_is_neither_held_nor_recorded_until_it_uses_the_gpu(torch_fake):
+    """A job that has not used a GPU (CUDA not initialised) next to a higher client that is active: it
+    is not held (nothing of it is queued on a GPU: a CPU-only job, a spawned DataLoader worker), and a
+    sync point would initialise CUDA in it, or raise with a torch built without CUDA (seen with torch
+    2.13's CPU build under `xsched-lv3 run`). Its first request on the GPU is gated."""
     torch, gpu, xt = torch_fake
     gpu.initialized = False
     hp = other_client(xt, priority=10)
+    hp.board.set_active(hp.slot, True)             # the higher client is in a request
     net = model(torch, "k", 300, 0.0)
     with xt.client(priority=0) as gate:
+        safety = threading.Timer(2.0, hp.board.set_active, (hp.slot, False))   # if it is held, not for good
+        safety.start()
+        t0 = time.monotonic()
         net(None)
-        assert gate.guarded and gate.window is None
-        assert gpu.events_recorded == 0
+        safety.cancel()
+        assert time.monotonic() - t0 < 0.5 and gate.waits == 0      # not held
+        assert not gate.guarded and gate.window is None and gpu.events_recorded == 0
         gpu.initialized = True                      # its first GPU work
-        net(None)                                   # this request finds the GPU in use
+        release = threading.Timer(0.2, hp.board.set_active, (hp.slot, False))
+        release.start()
+        t0 = time.monotonic()
+        net(None)                                   # this request finds the GPU in use: held until then
+        assert time.monotonic() - t0 >= 0.19 and gate.guarded and gate.waits >= 1
+        release.join()
         net(None)
         assert gate.window is not None and gpu.events_recorded > 0
     hp.close()

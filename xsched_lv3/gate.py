@@ -13,7 +13,7 @@ A gate costs only what its position on the board requires (the fast path is the 
     client measures its request latency and holds lower clients back only while they endanger it
     (`protection.py`; strict priority with `latency_slack=0`);
   * **guarded** while a higher-priority client shares its device (or the policy is not strict
-    priority): before each module and after each leaf module it asks the policy whether it may run
+    priority) and this process uses a GPU: before each module and after each leaf module it asks the policy whether it may run
     (one board comparison), and every few leaves it places a sync point that keeps its in-flight GPU
     work within the progressive window, so a higher-priority arrival waits for at most about one
     window of its work (Lv1: launched kernels cannot be stopped).
@@ -181,7 +181,12 @@ class Gate:
             self._below = below
         else:                                       # shares, deadlines: everyone may have to yield
             guarded, tracking, exposed = bool(peers), bool(peers), False
-        self._set_mode(guarded and self.level < 3, tracking, EXPOSED_WINDOW_SCALE if exposed else 1)
+        # A process that has not used a GPU yet (self.device unknown) is never held: its module calls run
+        # on the CPU (a CPU-only job, a spawned DataLoader worker whose transforms are modules), and
+        # nothing of it is queued on any GPU. Its first request on a GPU announces the device, and the
+        # board's change brings it back here, before that request's work.
+        self._set_mode(guarded and self.level < 3 and bool(self.device), tracking,
+                       EXPOSED_WINDOW_SCALE if exposed else 1)
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command

@@ -9,8 +9,9 @@ since CUDA events need a GPU. Prints and writes one JSON document:
   compile                torch.compile'd model, per call: leaves counted by the gate, and dynamo's
                          graphs and graph breaks; with dynamo imported before install(), with and
                          without install() updating dynamo's record of nn.Module.__call__
-  cpu_job                a guarded client with the real recorder on a torch without CUDA: trains
-                         without error (its first sync point used to raise)
+  cpu_job                a lower client with the real recorder on a torch without CUDA, next to a
+                         higher client in a request: trains without error (its first sync point used
+                         to raise) and without being held (it used to wait for the higher client)
   forked_worker          a DataLoader worker (fork) whose transform is a module, under a tracking
                          service's gate: the service's slot stays idle
 
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 PRELUDE = r'''
-import os, sys, json, statistics, tempfile, time
+import os, sys, json, statistics, tempfile, threading, time
 sys.path.insert(0, REPO)
 os.environ["XSCHED_LV3_BOARD"] = os.path.join(tempfile.mkdtemp(), "board")
 if DYNAMO_FIRST:
@@ -149,9 +150,12 @@ print(json.dumps({"backend": BACKEND, "guarded": lp.guarded, "leaves_counted_per
 xt.install()
 lp = xt._process_gate = Gate(xt.TorchRecorder(), priority=0)
 hp = Gate(StandInRecorder(), priority=10)
+hp.board.set_active(hp.slot, True)             # the higher client is in a request throughout
+threading.Timer(5.0, hp.board.set_active, (hp.slot, False)).start()   # if the job is held, not for good
 net, data = small_cnn(), torch.randn(4, 3, 16, 16)
 optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
 error = None
+t0 = time.monotonic()
 try:
     for _ in range(3):
         optimizer.zero_grad()
@@ -160,7 +164,8 @@ try:
 except Exception as e:
     error = f"{type(e).__name__}: {e}"
 print(json.dumps({"cuda_built": torch.backends.cuda.is_built(), "guarded": lp.guarded,
-                  "window": lp.window is not None, "error": error}))
+                  "window": lp.window is not None, "error": error, "held_times": lp.waits,
+                  "seconds": round(time.monotonic() - t0, 3)}))
 ''',
     "forked_worker": r'''
 xt.install()
