@@ -449,6 +449,25 @@ def test_a_backward_step_across_the_look_back_point_still_looks_back(torch_fake,
     hp.close()
 
 
+def test_a_compiled_training_models_backward_is_hooked(torch_fake):
+    """torch.compile's module owns no parameters (they are its inner module's) and its one backward
+    node holds the whole model's backward: it is hooked whatever it owns."""
+    torch, gpu, xt = torch_fake
+
+    class Compiled(torch.nn.Module):
+        def forward(self, x):
+            gpu.launch(self.name, self.kernel_s)
+            return torch.Tensor(True, self, x)
+    compiled = Compiled(torch.nn.Module(name="inner"), name="compiled")
+    assert not compiled._parameters
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0):
+        _train_once(torch)
+        out = compiled(torch.Tensor(requires_grad=True))
+    assert [len(node.prehooks) for node in _nodes_along(out)] == [1]
+    hp.close()
+
+
 def test_a_compiled_model_is_one_command_to_the_window(torch_fake):
     torch, gpu, xt = torch_fake
 

@@ -41,8 +41,9 @@ from .runenv import process_gate
 from .window import DEFAULT_WINDOW_US
 
 MAX_CACHED_STREAMS = 64                    # TorchRecorder's Stream objects, at most
-# In a client that trains, at most this many guarded leaves in a row without a backward hook: between
-# two hooks at most MAX_LEAVES_PER_HOOK - 1 leaves' backward runs unchecked (_hook_backward)
+# In a client that trains, the MAX_LEAVES_PER_HOOK-th guarded leaf in a row without a backward hook gets
+# one whatever it owns: between two hooks at most MAX_LEAVES_PER_HOOK - 1 leaves' backward runs unchecked
+# (_hook_backward)
 MAX_LEAVES_PER_HOOK = 3
 _local = threading.local()
 _process_gate = None
@@ -134,10 +135,12 @@ def _hook_backward(gate, module, out):
     backward costs (a training ResNet-50 b32 on an H100 kept 0.88-0.92 of unscheduled with a hook at
     every leaf, 0.96 with none: README, *A training batch job*), so only the leaves that own a weight
     matrix or filter (convolutions, linear layers, embeddings: whose backward computes a weight
-    gradient, the bulk of a backward pass) get one, and any other leaf once MAX_LEAVES_PER_HOOK have
-    gone by unhooked (a model with few weighted layers stays covered). The normalisation, activation
-    and pooling leaves in between launch short elementwise kernels; each hook counts the leaves since
-    the previous one toward the window. Once a node: a leaf that returns its input (Identity, Dropout
+    gradient, the bulk of a backward pass) get one, and any other leaf that is the
+    MAX_LEAVES_PER_HOOK-th in a row (a model with few weighted layers stays covered); `module` None
+    (a top-level call with nothing counted inside: a leaf, a compiled model) is always hooked. The
+    normalisation, activation and pooling leaves in between launch short elementwise kernels; each
+    hook counts the leaves since the previous one toward the window (those after a pass's last hook
+    run first in its backward, before any check, and are not counted). Once a node: a leaf that returns its input (Identity, Dropout
     in eval) finds the previous leaf's node hooked already, while an in-place one
     (ReLU(inplace=True)) has made a node of its own. A node pre-hook, not Tensor.register_hook: it
     fires at the same moment (before the leaf's backward) and costs less to register
@@ -148,7 +151,7 @@ def _hook_backward(gate, module, out):
     if not (isinstance(out, _Tensor) and out.requires_grad):
         return                      # no backward runs through it (a frozen backbone): nothing to count
     gate.unhooked_leaves = leaves = gate.unhooked_leaves + 1
-    if leaves < MAX_LEAVES_PER_HOOK and not _owns_weight_matrix(module):
+    if leaves < MAX_LEAVES_PER_HOOK and module is not None and not _owns_weight_matrix(module):
         return
     node = out.grad_fn
     if node is not None and id(node) != gate.hooked_node:   # None: it returned a leaf tensor (a parameter)
@@ -243,7 +246,9 @@ def install():
             # the window: at most about one call stays in flight beyond it
             gate.after_leaf()
             if gate.trains:
-                _hook_backward(gate, module, out)
+                # hooked whatever it owns: a compiled model's parameters are its inner module's, and its
+                # one backward node holds the whole model's backward
+                _hook_backward(gate, None, out)
         if gate.guarded and not gate.trains:
             _watch_for_backward(gate, out)
         return out
