@@ -45,6 +45,9 @@ PAIRS = {                       # name: (HP model, batch), (LP model, batch[, "t
     "encb1-vitb32": (("encoder", 1), ("vit_b_16", 32)),
     "r18b4-r50b256": (("resnet18", 4), ("resnet50", 256)),     # four times b64's work a kernel
     "r18b4-r50b32train": (("resnet18", 4), ("resnet50", 32, "train")),   # training steps: backward and SGD too
+    # Hugging Face's GPT-2 small (transformers installed; random weights), 256 tokens a sequence
+    "encb1-gpt2b16": (("encoder", 1), ("gpt2", 16)),
+    "r18b4-gpt2b8train": (("resnet18", 4), ("gpt2", 8, "train")),
 }
 ISSUE_PAIRS = ["r18b4-r50b16", "r18b4-r50b64", "encb1-vitb32"]   # the default: the README's main tables
 PY = sys.executable
@@ -173,7 +176,8 @@ def table(paths):
              "|---|---|---|---|---|---|"]
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32", "r18b4-r50b256": "ResNet-18 b4 / ResNet-50 b256",
-             "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training"}
+             "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training",
+             "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training"}
     order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
              "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:

@@ -20,7 +20,7 @@ from models import MODELS, build, wait_for_start  # noqa: E402
 
 def make_step(model, x, train=False, warm=10):
     """One iteration, ended by a synchronize: a forward pass without autograd, or a training step
-    whose loss is a plain function of the output (any model's output has a mean). Runs `warm` of
+    whose loss is a plain function of the output (of its first tensor where it returns several). Runs `warm` of
     them first, untimed (kernel selection, the allocator's pools)."""
     import torch
     stream = torch.cuda.current_stream()
@@ -35,7 +35,10 @@ def make_step(model, x, train=False, warm=10):
 
         def step():
             optimizer.zero_grad(set_to_none=True)
-            model(x).float().square().mean().backward()
+            out = model(x)
+            if not isinstance(out, torch.Tensor):
+                out = out[0]                 # a tuple, or a Hugging Face ModelOutput: its logits
+            out.float().square().mean().backward()
             optimizer.step()
             stream.synchronize()
     for _ in range(warm):

@@ -7,12 +7,16 @@
 """
 import time
 
-MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder")
+MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder", "gpt2")
 
 
 def build(name, batch, device="cuda"):
     import torch
-    if name == "encoder":
+    if name == "gpt2":                   # Hugging Face's GPT-2 small, random weights (nothing downloaded)
+        from transformers import GPT2Config, GPT2LMHeadModel
+        model = GPT2LMHeadModel(GPT2Config(n_positions=256))
+        x = torch.randint(0, model.config.vocab_size, (batch, 256), device=device)
+    elif name == "encoder":
         layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
         x = torch.randn(batch, 128, 512, device=device)
