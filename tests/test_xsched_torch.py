@@ -697,13 +697,39 @@ def test_a_lower_client_on_the_cpu_is_neither_held_nor_recorded_until_it_uses_th
         assert not gate.guarded and gate.window is None and gpu.events_recorded == 0
         gpu.initialized = True                      # its first GPU work
         release = threading.Timer(0.2, hp.board.set_active, (hp.slot, False))
-        release.start()
         t0 = time.monotonic()
+        release.start()
         net(None)                                   # this request finds the GPU in use: held until then
         assert time.monotonic() - t0 >= 0.19 and gate.guarded and gate.waits >= 1
         release.join()
         net(None)
         assert gate.window is not None and gpu.events_recorded > 0
+    hp.close()
+
+
+def test_a_job_that_starts_using_the_gpu_inside_a_request_is_gated_from_there_on(torch_fake):
+    """The first GPU work comes from inside the first request (a tensor made on the GPU in a forward):
+    the module calls after it are gated, held while the higher client is active."""
+    torch, gpu, xt = torch_fake
+    gpu.initialized = False
+    hp = other_client(xt, priority=10)
+    hp.board.set_active(hp.slot, True)
+
+    class FirstGpuUse(torch.nn.Module):
+        def forward(self, x):
+            gpu.initialized = True                 # e.g. torch.zeros(..., device="cuda")
+            return super().forward(x)
+    net = torch.nn.Module(FirstGpuUse(kernel_s=0.0, name="first"),
+                          *[torch.nn.Module(kernel_s=0.0, name=f"k{i}") for i in range(5)])
+    release = threading.Timer(0.2, hp.board.set_active, (hp.slot, False))
+    with xt.client(priority=0) as gate:
+        t0 = time.monotonic()                      # before the timer: the hold ends at t0 + 0.2 or later
+        release.start()
+        net(None)
+        assert time.monotonic() - t0 >= 0.19 and gate.guarded and gate.waits >= 1
+    release.join()
+    names = [n for n, *_ in gpu.launched]
+    assert gpu.launched_at[names.index("k0")] >= t0 + 0.19     # held before its next module's work
     hp.close()
 
 
@@ -864,3 +890,39 @@ def test_sync_points_are_recorded_on_each_threads_current_stream_found_without_t
     with torch.cuda.stream(side):
         assert fallback.record().stream is side
     assert gpu.current_stream_calls == calls + 1
+
+
+def test_a_simulated_hip_job_is_gated_from_its_first_launch(monkeypatch, tmp_path):
+    """xsched_lv3.simhip: the process's GPU is known only once it launches; that first launch is
+    already gated (held while a higher client sharing the GPU is active)."""
+    from kfdtool.sim import hip as sim_hip
+    from xsched_lv3 import simhip
+    from xsched_lv3.gate import Gate
+    monkeypatch.setenv("XSCHED_LV3_BOARD", str(tmp_path / "board"))
+    launched = []
+
+    def launch(hip, stream, *args, **kwargs):
+        launched.append(time.monotonic())
+
+    def call(model, stream):
+        for _ in range(3):
+            sim_hip.SimHip.launch(model.hip, stream)
+    monkeypatch.setattr(sim_hip.SimHip, "launch", launch)
+    monkeypatch.setattr(sim_hip.SimModel, "__call__", call)
+    monkeypatch.setattr(simhip, "_installed", False)
+    simhip.install()
+    hip = types.SimpleNamespace(record=lambda stream: None)
+    model = sim_hip.SimModel.__new__(sim_hip.SimModel)
+    model.hip = hip
+    hp = Gate(simhip.SimHipRecorder(), priority=10, window_us=None)     # GPU unknown: shares every GPU
+    hp.board.set_active(hp.slot, True)
+    lp = Gate(simhip.SimHipRecorder(), priority=0)
+    monkeypatch.setattr(simhip, "_process_gate", lp)
+    release = threading.Timer(0.2, hp.board.set_active, (hp.slot, False))
+    t0 = time.monotonic()
+    release.start()
+    model(types.SimpleNamespace(gpu_id=4242))
+    release.join()
+    assert len(launched) == 3 and launched[0] >= t0 + 0.19 and lp.waits >= 1
+    lp.close()
+    hp.close()

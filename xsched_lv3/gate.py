@@ -70,6 +70,7 @@ class Gate:
         self.board = board or Board()
         self.device = recorder.device_key() or 0   # 0: not known yet
         self.guarded = False                       # read on every module call
+        self.awaiting_device = False               # ... and would be, once this process uses a GPU (notice_device)
         self.tracking = False
         self.window = None
         self._exposing = False                     # what our slot says of our protection's verdict
@@ -185,6 +186,7 @@ class Gate:
         # on the CPU (a CPU-only job, a spawned DataLoader worker whose transforms are modules), and
         # nothing of it is queued on any GPU. Its first request on a GPU announces the device, and the
         # board's change brings it back here, before that request's work.
+        self.awaiting_device = guarded and self.level < 3 and not self.device
         self._set_mode(guarded and self.level < 3 and bool(self.device), tracking,
                        EXPOSED_WINDOW_SCALE if exposed else 1)
         if self.window is not None:
@@ -249,9 +251,7 @@ class Gate:
             return                                 # closed, or released by a daemon restart
         now = time.monotonic()
         if not self.device:
-            self.device = self.recorder.device_key() or 0
-            if self.device:
-                self.board.set_device(self.slot, self.device)
+            self._find_device()
         if now - self._last_reap > REAP_IDLE_EVERY_S:
             self._last_reap = now
             self.board.reap()                      # a dead client must not keep us guarded
@@ -273,6 +273,21 @@ class Gate:
                         self._guard_exposure(now + self.protection.guard_deadline_s(), self._period)
                 if self._protecting:
                     self._mark(True)
+
+    def _find_device(self):
+        """Whether this process has started using a GPU since we last looked: if so, announce it (the
+        board's change makes every client re-read its mode, this one included)."""
+        self.device = self.recorder.device_key() or 0
+        if self.device and self.slot is not None:
+            self.board.set_device(self.slot, self.device)
+        return bool(self.device)
+
+    def notice_device(self):
+        """Where this process may have just started using a GPU within a request (a launch, a module
+        call, while `awaiting_device`): announce the GPU and re-read the mode, so that this very
+        work is gated, and held now, where a higher client shares that GPU."""
+        if not self.device and self._find_device():
+            self.check()
 
     def end_request(self):
         """Work of this request is launched; the client is idle once it completes on the GPU and

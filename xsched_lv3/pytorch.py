@@ -218,7 +218,10 @@ def install():
         gate = state.get("inside")          # the gate of the request this thread is in, if any
         if gate is not None:                # a nested module call, the common case: kept short
             if not gate.guarded:
-                return original(module, *args, **kwargs)
+                if gate.awaiting_device:    # a higher client is there: has this call's parent just begun using a GPU?
+                    gate.notice_device()
+                if not gate.guarded:
+                    return original(module, *args, **kwargs)
             if gate.board_generation[0] != gate.seen_generation or not gate.clear_to_run:
                 gate.check()                # only while a higher-priority client shares the GPU
             out = original(module, *args, **kwargs)
