@@ -182,13 +182,15 @@ class Gate:
             self._below = below
         else:                                       # shares, deadlines: everyone may have to yield
             guarded, tracking, exposed = bool(peers), bool(peers), False
-        # A process that has not used a GPU yet (self.device unknown) is never held: its module calls run
-        # on the CPU (a CPU-only job, a spawned DataLoader worker whose transforms are modules), and
-        # nothing of it is queued on any GPU. Its first request on a GPU announces the device, and the
-        # board's change brings it back here, before that request's work.
-        self.awaiting_device = guarded and self.level < 3 and not self.device
-        self._set_mode(guarded and self.level < 3 and bool(self.device), tracking,
-                       EXPOSED_WINDOW_SCALE if exposed else 1)
+        # A process that has not used a GPU yet (self.device unknown) is neither held nor windowed: its
+        # module calls run on the CPU (a CPU-only job, a spawned DataLoader worker whose transforms are
+        # modules), nothing of it is queued on any GPU, and a sync point would initialise CUDA in it (or
+        # raise, with a torch built without CUDA). Where it starts using one (a request's start, or
+        # notice_device within a request), the device is announced and the board's change brings it
+        # back here, before that work.
+        held_on_gpu = guarded and self.level < 3
+        self.awaiting_device = held_on_gpu and not self.device
+        self._set_mode(held_on_gpu and bool(self.device), tracking, EXPOSED_WINDOW_SCALE if exposed else 1)
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command
@@ -217,11 +219,7 @@ class Gate:
 
     def _set_mode(self, guarded, tracking, window_scale=1):
         window_us = self.window_us * window_scale if self.window_us else self.window_us
-        # Only once this process uses a GPU (self.device) is anything of ours in flight there: a job on
-        # the CPU has nothing to bound, and a sync point would initialise CUDA in it (or, with a torch
-        # built without CUDA, raise). The request that finds the GPU in use announces its device, and
-        # the board's change brings us back here.
-        windowed = guarded and window_us and self.device
+        windowed = guarded and window_us           # guarded implies a GPU in use (_refresh)
         if windowed and self.window is None:
             self.window = ProgressiveWindow(window_us)
             self._per_sync, self._leaves, self._look_after = self.window.per_sync, 0, 0

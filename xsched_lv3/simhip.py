@@ -72,8 +72,7 @@ def install():
         recorder = gate.recorder
         if recorder.stream is not stream:
             recorder.hip, recorder.stream = hip, stream
-            if not gate.device:
-                gate.notice_device()        # its first launch: gated from this one on
+            gate.notice_device()            # its first launch names its GPU: gated from this one on
         if not gate.guarded:
             return launch(hip, stream, *args, **kwargs)
         if gate.board_generation[0] != gate.seen_generation or not gate.clear_to_run:

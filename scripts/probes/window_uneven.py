@@ -39,11 +39,14 @@ def main():
     sys.modules["torch"] = torch
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
 
-    def spin(self):
-        while not self.query():
+    def spin(event):
+        while not event.query():
             pass
-    torch.cuda.Event.synchronize = spin
-    torch.cuda.Stream.synchronize = lambda self: spin(WholeQueue(gpu))
+    torch.cuda.Event.synchronize = spin              # the gate's waits
+
+    def drain():                                     # the job's synchronize after each forward pass
+        while time.monotonic() < gpu.busy_until:
+            pass
     import xsched_lv3.pytorch as xt
     from xsched_lv3.gate import Gate
     cpu_s = args.cpu_us * US
@@ -83,11 +86,11 @@ def main():
         with xt.client(priority=0, window_us=window_us) as gate:
             for _ in range(3):
                 model(None)
-                spin(WholeQueue(gpu))
+                drain()
             t0 = time.monotonic()
             while time.monotonic() - t0 < args.seconds:
                 model(None)
-                spin(WholeQueue(gpu))
+                drain()
                 n += 1
             rate = n / (time.monotonic() - t0)
             stats = gate.stats()
@@ -109,15 +112,6 @@ def main():
     if args.out:
         from benchlib import provenance, write_results
         write_results(args.out, {**provenance(), **doc})
-
-
-class WholeQueue:
-    """The whole fake GPU's queue as one event: done once everything launched has run."""
-    def __init__(self, gpu):
-        self.gpu = gpu
-
-    def query(self):
-        return time.monotonic() >= self.gpu.busy_until
 
 
 if __name__ == "__main__":
