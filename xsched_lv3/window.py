@@ -63,7 +63,7 @@ class ProgressiveWindow:
         # until one sync point has completed, the estimate is a guess: bound by count instead
         self.calibration_commands = calibration_commands
         self.calibrated = False
-        self.pending = deque()                   # (handle, est_us, n_commands, launched_from or None)
+        self.pending = deque()                   # (handle, est_us, n_commands)
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
@@ -101,7 +101,7 @@ class ProgressiveWindow:
         recorded_at = self._recorded_at
         if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
             self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
-        self.segment(handle, n, est_us, launched_from=recorded_at)
+        self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
         # half a window after the latest one the GPU had caught up with it, where that was looked at
         retired = self.retire(is_done)
@@ -158,16 +158,15 @@ class ProgressiveWindow:
         if not self._looked:
             self.per_sync = max(1, self.per_sync // 2)
 
-    def segment(self, handle, n, est_us=None, launched_from=None):
+    def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
-        (nothing while none was learned), unless the caller knows their time (`est_us`).
-        `launched_from`: the earliest they can have been launched (the sync point before, if known)."""
+        (nothing while none was learned), unless the caller knows their time (`est_us`)."""
         self.since_sync_n += n
         if est_us is not None:
             self.since_sync_us += est_us
         elif self.calibrated:
             self.since_sync_us += n * self.cmd_us
-        self._recorded(handle, launched_from)
+        self._recorded(handle)
 
     def sync_due(self, n, est_us):
         """For a caller that knows its commands' GPU time: is half a window of it launched since the
@@ -181,8 +180,8 @@ class ProgressiveWindow:
         self.since_sync_us += 2 * self.window_us
         self._recorded(handle)
 
-    def _recorded(self, handle, launched_from=None):
-        self.pending.append((handle, self.since_sync_us, self.since_sync_n, launched_from))
+    def _recorded(self, handle):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n))
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
@@ -232,32 +231,18 @@ class ProgressiveWindow:
         `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
         the one before it also completed under a wait, with this one already queued, the GPU ran
         this segment back to back: the interval is its GPU time, and the estimate learns from it.
-
-        That alone learns a client of uneven commands from its longest: a window is over, and waits,
-        when long commands are in flight, and short ones complete unwaited. On a fake GPU shaped like
-        GPT-2 (commands of 20-500 us, a mean near 230) it learned 450 us a command, so the window
-        held one command or two and the GPU idled behind every short one while the CPU launched the
-        next. So every completed segment also bounds its GPU time from above: launched no earlier
-        than the sync point before it and done by the time it was seen done. A bound below the
-        estimate proves the estimate high for that segment, and is learned. Returns how many it
-        dropped."""
+        Returns how many it dropped."""
         pending = self.pending
-        first, retired, seen_at = True, 0, None
+        first, retired = True, 0
         while pending and is_done(pending[0][0]):
-            handle, est, n, launched_from = pending.popleft()
+            handle, est, n = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
-                done_by = waited_at
                 if self._chain_at is not None and n:
                     self._learn((waited_at - self._chain_at) * 1e6 / n)
                 self._chain_at = waited_at if pending else None     # the next segment is queued behind
             else:
-                done_by = seen_at = seen_at or time.monotonic()
                 self._chain_at = None
-            if launched_from is not None and n and self.calibrated:
-                at_most_us = (done_by - launched_from) * 1e6 / n
-                if at_most_us < self.cmd_us:
-                    self._learn(at_most_us)
             first = False
             retired += 1
         return retired
@@ -284,7 +269,7 @@ class ProgressiveWindow:
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            weighed = [(h, est or n * self.cmd_us, n, began) for h, est, n, began in self.pending]
+            weighed = [(h, est or n * self.cmd_us, n) for h, est, n in self.pending]
             self.pending.clear()                 # in place: retire() is walking this deque
             self.pending.extend(weighed)
             self.pending_us = sum(p[1] for p in self.pending)
