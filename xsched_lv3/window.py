@@ -63,7 +63,7 @@ class ProgressiveWindow:
         # until one sync point has completed, the estimate is a guess: bound by count instead
         self.calibration_commands = calibration_commands
         self.calibrated = False
-        self.pending = deque()                   # (handle, est_us, n_commands)
+        self.pending = deque()                   # (handle, est_us, n_commands, launched_from or None)
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
@@ -101,7 +101,7 @@ class ProgressiveWindow:
         recorded_at = self._recorded_at
         if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
             self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
-        self.segment(handle, n, est_us)
+        self.segment(handle, n, est_us, launched_from=recorded_at)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
         # half a window after the latest one the GPU had caught up with it, where that was looked at
         retired = self.retire(is_done)
@@ -158,15 +158,17 @@ class ProgressiveWindow:
         if not self._looked:
             self.per_sync = max(1, self.per_sync // 2)
 
-    def segment(self, handle, n, est_us=None):
+    def segment(self, handle, n, est_us=None, launched_from=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
-        (nothing while none was learned), unless the caller knows their time (`est_us`)."""
+        (nothing while none was learned), unless the caller knows their time (`est_us`).
+        `launched_from`: when the sync point before was recorded, where known (none of these commands
+        was launched earlier)."""
         self.since_sync_n += n
         if est_us is not None:
             self.since_sync_us += est_us
         elif self.calibrated:
             self.since_sync_us += n * self.cmd_us
-        self._recorded(handle)
+        self._recorded(handle, launched_from)
 
     def sync_due(self, n, est_us):
         """For a caller that knows its commands' GPU time: is half a window of it launched since the
@@ -180,8 +182,8 @@ class ProgressiveWindow:
         self.since_sync_us += 2 * self.window_us
         self._recorded(handle)
 
-    def _recorded(self, handle):
-        self.pending.append((handle, self.since_sync_us, self.since_sync_n))
+    def _recorded(self, handle, launched_from=None):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n, launched_from))
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
@@ -231,15 +233,27 @@ class ProgressiveWindow:
         `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
         the one before it also completed under a wait, with this one already queued, the GPU ran
         this segment back to back: the interval is its GPU time, and the estimate learns from it.
+
+        A segment waited for alone (nothing queued behind it) teaches nothing that way, and once the
+        estimate is above the window every segment is waited for alone: each is over the window by
+        itself. The estimate would then stay where it is for good, whatever the client does next (a
+        job whose commands shrink after a phase of 800 us ones went on waiting for every command,
+        the GPU idle while it launched the next: 0.63-0.77 of its GPU time on a scripted GPU). So a
+        segment waited for alone bounds its GPU time from above, launched no earlier than the sync
+        point before it and done when waited for, and a bound below the estimate is learned.
         Returns how many it dropped."""
         pending = self.pending
         first, retired = True, 0
         while pending and is_done(pending[0][0]):
-            handle, est, n = pending.popleft()
+            handle, est, n, launched_from = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
                 if self._chain_at is not None and n:
                     self._learn((waited_at - self._chain_at) * 1e6 / n)
+                elif not pending and launched_from is not None and n and self.calibrated:
+                    at_most_us = (waited_at - launched_from) * 1e6 / n
+                    if at_most_us < self.cmd_us:
+                        self._learn(at_most_us)
                 self._chain_at = waited_at if pending else None     # the next segment is queued behind
             else:
                 self._chain_at = None
@@ -269,7 +283,7 @@ class ProgressiveWindow:
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            weighed = [(h, est or n * self.cmd_us, n) for h, est, n in self.pending]
+            weighed = [(h, est or n * self.cmd_us, n, began) for h, est, n, began in self.pending]
             self.pending.clear()                 # in place: retire() is walking this deque
             self.pending.extend(weighed)
             self.pending_us = sum(p[1] for p in self.pending)
