@@ -60,6 +60,7 @@ CASES = [
     # xsched-lv3
     (X, U), (X + ["bogus"], U), (X + ["run"], U), (X + ["run", "--"], U),
     (X + ["run", "--", "no-such-program-xyz"], NOT_FOUND), (X + ["run", "--", "{tmp}/not-executable"], CANNOT_RUN),
+    (X + ["run", "--", "z" * 300], CANNOT_RUN), (X + ["run", "--", "{tmp}/notes.txt/x"], CANNOT_RUN),   # too long; not a folder
     *[(X + ["run", "--priority", v, "--", "true"], code) for v, code in [("abc", U), ("5000", U), ("-5000", U), ("1.5", U)]],
     (X + ["run", "--policy", "bogus", "--", "true"], U),
     *[(X + ["run", "--window-us", v, "--", "true"], U) for v in ["-1", "nan", "inf"]],
@@ -73,6 +74,7 @@ CASES = [
     (X + ["hint", "--pid", "1", "--utilization", "500", "--socket", "/x"], U),
     (X + ["hint", "--pid", "1", "--priority", "abc", "--socket", "/x"], U),
     (X + ["daemon", "--policy", "bogus"], U), *[(X + ["daemon", "--attached-poll-ms", v], U) for v in ["0", "nan", "abc"]],
+    (X + ["daemon", "--trace", "{tmp}/fifo"], U), (X + ["daemon", "--trace", "{tmp}"], U),   # nobody reads it; a folder
     (X + ["attach", "--pid", "1", "--priority", "5000"], U),
 ]
 ENV_CASES = [            # the same commands, held wrong through the environment
@@ -93,6 +95,7 @@ def area(tmp_path_factory, sim_dir):
     tmp = tmp_path_factory.mktemp("sweep")
     (tmp / "not-executable").write_text("echo hi\n")
     (tmp / "notes.txt").write_text("somebody's notes\n")
+    os.mkfifo(tmp / "fifo")                          # opening it to write waits for a reader
     for d in ("cwd", "home", "run"):
         (tmp / d).mkdir()
     return tmp
@@ -137,3 +140,12 @@ def test_bad_input(area, argv, expected):
 def test_bad_environment(area, env, argv):
     _check(_run(area, argv, env), E, argv)
     assert (area / "notes.txt").read_text() == "somebody's notes\n"
+
+
+def test_an_output_error_is_named_as_such(area):
+    """`status` into a full disk: one line with the reason, not blamed on the board."""
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(area / "run" / "board"))
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], stdout=full, stderr=subprocess.PIPE,
+                                text=True, env=env, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip() == "xsched-lv3: No space left on device", result.stderr

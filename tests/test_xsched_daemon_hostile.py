@@ -305,6 +305,26 @@ def test_a_second_daemon_is_refused_and_the_first_keeps_serving(tmp_path, daemon
     assert_serving(daemon)
 
 
+def test_a_second_daemon_on_the_same_board_through_another_socket_is_refused(tmp_path):
+    """Before, it started: it took the board's daemon record (new clients then found no daemon once
+    it left) and released the first daemon's attached clients."""
+    from xsched_lv3.board import Board
+    first = start_daemon(tmp_path)
+    try:
+        env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "other.sock"))
+        second = start_daemon(tmp_path, env=env, wait_ready=False)
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 1 and f"already serves the board {tmp_path / 'board'}".encode() in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "other.sock").exists()
+        assert_serving(str(tmp_path / "d.sock"))
+        board = Board(str(tmp_path / "board"))
+        assert board.daemon_pid() == first.pid
+        board.close()
+    finally:
+        stop_daemon(first)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_shuts_down_cleanly_removing_only_our_socket(tmp_path, signum):
     proc = start_daemon(tmp_path)

@@ -2,6 +2,7 @@
 
 Every failure a user can cause ends as one line on stderr and a non-zero exit code."""
 import argparse
+import errno
 import json
 import math
 import os
@@ -73,6 +74,18 @@ def _latency_slack(value):
     return value
 
 
+def _trace_file(path):
+    """The daemon's --trace, opened for appending without ever blocking it: a FIFO nobody reads is
+    refused at once (open would wait for a reader), and a write that would block (a reader that
+    stopped reading) is an error, which stops the tracing, not the scheduling."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        reason = "a FIFO with no reader" if e.errno == errno.ENXIO else (e.strerror or str(e))
+        raise argparse.ArgumentTypeError(f"cannot write to {path}: {reason}") from None
+    return os.fdopen(fd, "a")
+
+
 def _attached_poll_ms(value):
     if not 0.05 <= value <= 10_000:
         raise ValueError("must be between 0.05 and 10000")
@@ -91,7 +104,7 @@ def build_parser():
     d.add_argument("--attached-poll-ms", type=_checked(_attached_poll_ms), metavar="MS",
                    help="how often an attached process's queue pointers are read to see it busy "
                         "(default 1, lv3.ATTACHED_POLL_S; see README)")
-    d.add_argument("--trace", metavar="FILE", type=argparse.FileType("a"),
+    d.add_argument("--trace", metavar="FILE", type=_trace_file,
                    help="append one line per Lv3 suspend and resume (monotonic time, pid, duration)")
     d.add_argument("--sim", metavar="NAME", type=non_empty, help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
                                                 "instead of /dev/kfd")
@@ -214,6 +227,13 @@ def cmd_run(args):
     except PermissionError:
         print(f"xsched-lv3: {argv[0]}: permission denied (not executable?)", file=sys.stderr)
         return 126
+    except OSError as e:                   # too long a name or argument list, a symlink loop, ...
+        print(f"xsched-lv3: {_shortened(argv[0])}: cannot run it: {e.strerror or e}", file=sys.stderr)
+        return 126
+
+
+def _shortened(text, most=80):
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _finite(value):
@@ -303,7 +323,8 @@ def cmd_hint(args):
 def _board_problem(error):
     """One line for what is wrong with the board (an OSError names the path and the reason)."""
     if isinstance(error, OSError):
-        return f"board {error.filename + ': ' if error.filename else ''}{error.strerror or error}"
+        name = os.fsdecode(error.filename) if error.filename else ""
+        return f"board {name + ': ' if name else ''}{error.strerror or error}"
     return str(error)
 
 
@@ -326,8 +347,11 @@ def main(argv=None):
         return 1
     except KeyboardInterrupt:
         return 130
-    except OSError as e:                   # the board's path: a directory, a missing folder, ...
-        print(f"xsched-lv3: {_board_problem(e)}", file=sys.stderr)
+    except OSError as e:
+        if e.filename:                     # the board's path: a directory, a missing folder, ...
+            print(f"xsched-lv3: {_board_problem(e)}", file=sys.stderr)
+        else:                              # not a path's: our own output (a full disk, a closed pipe)
+            print(f"xsched-lv3: {e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -90,13 +90,14 @@ class Connection:
 
 
 class SingleInstance:
-    """An flock on `<socket>.lock`, held for the daemon's life: a second daemon on the same socket is
-    refused instead of taking it over. The file also records the socket we bound (st_dev, st_ino),
-    so that only that socket is ever unlinked, by us or, after a crash, by our successor. The lock
-    file itself stays (unlinking a lock file lets two processes lock two different files)."""
+    """An flock on `path` (`<socket>.lock`, `<board>.lock`), held for the daemon's life: a second
+    daemon on the same socket, or on the same board through another socket, is refused instead of
+    taking it over. The socket's file also records the socket we bound (st_dev, st_ino), so that only
+    that socket is ever unlinked, by us or, after a crash, by our successor. The lock file itself
+    stays (unlinking a lock file lets two processes lock two different files)."""
 
-    def __init__(self, socket_path):
-        self.path = f"{socket_path}.lock"
+    def __init__(self, path, serves):
+        self.path = path
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as e:
@@ -110,7 +111,7 @@ class SingleInstance:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = self._read(fd).get("pid", "?")
-                raise DaemonRefused(f"another xsched-lv3 daemon (pid {holder}) already serves {socket_path}") from None
+                raise DaemonRefused(f"another xsched-lv3 daemon (pid {holder}) already serves {serves}") from None
         except BaseException:
             os.close(fd)
             raise
@@ -146,10 +147,17 @@ class Daemon(ConnectionLoop):
         self.socket_path = socket_path or default_socket()
         if not socket_path and not os.environ.get("XSCHED_LV3_SOCKET"):
             _private_directory(os.path.dirname(self.socket_path))
-        self.lock = SingleInstance(self.socket_path)      # before anything is changed
+        self.lock = SingleInstance(f"{self.socket_path}.lock", self.socket_path)   # before anything is changed
+        self.board = self.board_lock = None
         try:
             self.board = Board(board_path or default_path())
+            # one daemon per board too: a second one on another socket took over the board's daemon
+            # record and released the first one's attached clients, and new clients then found no
+            # daemon (a hostile-input sweep found it)
+            self.board_lock = SingleInstance(f"{self.board.path}.lock", f"the board {self.board.path}")
         except BaseException:
+            if self.board is not None:
+                self.board.close()
             self.lock.release()
             raise
         self.board.set_policy(policy)
@@ -281,6 +289,7 @@ class Daemon(ConnectionLoop):
             pass
         self.lock.record(None)
         self.lock.release()
+        self.board_lock.release()
 
     # --- connections ----------------------------------------------------------------------------
     def _admit(self, sock):
