@@ -236,6 +236,26 @@ def test_workload_on_more_gpus_than_the_machine_has(sim):
     one_line_error(run_cli("sim", "workload", "mi308x", "--gpus", "999"), "--gpus 999: simulated mi308x has 32 GPUs")
 
 
+def test_an_interrupted_workload_start_leaves_nothing_running(sim, monkeypatch):
+    """Ctrl-C while `sim workload --procs 6` starts them left the ones already started running, their
+    pids never printed (a hostile-input sweep found it): now all or none."""
+    import types
+
+    from kfdtool.cli import sim_cmd
+    started = []
+
+    def spawn(*args, **kwargs):
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return started[-1].pid
+    monkeypatch.setattr(sim_cmd, "spawn_workload", spawn)
+    args = types.SimpleNamespace(machine="mi308x", role=None, procs=6, gpus=1, queues=2, sdma=0, waves=512)
+    with pytest.raises(KeyboardInterrupt):
+        sim_cmd.run_workload(args, None)
+    assert [p.wait(timeout=10) for p in started] == [-15, -15]      # SIGTERM, both
+
+
 @pytest.mark.parametrize("columns", [80, 100, 120])
 def test_tables_fit_narrow_terminals_without_cutting_identifiers(sim, columns):
     """Every line fits; every PID, GPU id and PCI address is shown whole; what was dropped is said."""

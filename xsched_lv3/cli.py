@@ -110,7 +110,7 @@ def build_parser():
                                                 "instead of /dev/kfd")
     d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
                                     "/tmp/xsched-lv3-<uid>/daemon.sock; a 0700 directory); the daemon holds "
-                                    "PATH.lock while it runs. Clients find another PATH only through "
+                                    "PATH.lock (and the board's BOARD.lock) while it runs. Clients find another PATH only through "
                                     "XSCHED_LV3_SOCKET=PATH in their environment")
     d.set_defaults(run=cmd_daemon)
     r = sub.add_parser("run", help="run a program with its PyTorch work scheduled",

@@ -1,5 +1,7 @@
 """kfdtool sim: start, inspect and stop simulated machines, and put simulated GPU work on them."""
 import argparse
+import os
+import signal
 import subprocess
 import sys
 
@@ -109,10 +111,15 @@ def spawn_workload(machine, role, gpus=1, first_gpu=0, queues=2, sdma=0, waves=5
            "--priority", str(priority), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("ready"):
-        err = proc.stderr.read().strip().splitlines()
-        raise SimulatorError(f"workload {role} failed to start: {err[-1] if err else 'no output'}")
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("ready"):
+            err = proc.stderr.read().strip().splitlines()
+            raise SimulatorError(f"workload {role} failed to start: {err[-1] if err else 'no output'}")
+    except BaseException:                  # Ctrl-C while it starts: it does not stay behind
+        proc.kill()
+        proc.wait()
+        raise
     return proc.pid
 
 
@@ -122,7 +129,17 @@ def run_workload(args, ctx):
     if not sim.is_running():
         raise SimulatorError(f"simulated {args.machine} is not running; start it with `kfdtool sim start {args.machine}`")
     roles = args.role or DEFAULT_ROLES
-    pids = [spawn_workload(args.machine, roles[i % len(roles)], args.gpus, i * args.gpus, args.queues, args.sdma,
-                           args.waves) for i in range(args.procs)]
+    pids = []
+    try:
+        for i in range(args.procs):
+            pids.append(spawn_workload(args.machine, roles[i % len(roles)], args.gpus, i * args.gpus, args.queues,
+                                       args.sdma, args.waves))
+    except BaseException:                  # all or none: an interrupted or failed start leaves nothing running
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        raise
     print(f"started {len(pids)} simulated GPU processes: {' '.join(map(str, pids))}")
     return 0
