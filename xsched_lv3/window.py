@@ -63,7 +63,7 @@ class ProgressiveWindow:
         # until one sync point has completed, the estimate is a guess: bound by count instead
         self.calibration_commands = calibration_commands
         self.calibrated = False
-        self.pending = deque()                   # (handle, est_us, n_commands, launched_from or None)
+        self.pending = deque()                   # (handle, est_us, n_commands)
         self.pending_us = 0.0                    # sum of est_us over pending (kept, not recomputed)
         self.since_sync_us = 0.0
         self.since_sync_n = 0
@@ -101,7 +101,7 @@ class ProgressiveWindow:
         recorded_at = self._recorded_at
         if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
             self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
-        self.segment(handle, n, est_us, launched_from=recorded_at)
+        self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
         # half a window after the latest one the GPU had caught up with it, where that was looked at
         retired = self.retire(is_done)
@@ -113,7 +113,7 @@ class ProgressiveWindow:
             waited_at = time.monotonic()
             if changed is not None and changed():
                 self.paused()
-            self.retire(is_done, waited_at=waited_at)
+            self.retire(is_done, waited_at=waited_at, launched_from=recorded_at)
         self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited)
         self._recorded_at = time.monotonic()
         self.look_after = self._look_after()
@@ -158,17 +158,15 @@ class ProgressiveWindow:
         if not self._looked:
             self.per_sync = max(1, self.per_sync // 2)
 
-    def segment(self, handle, n, est_us=None, launched_from=None):
+    def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
-        (nothing while none was learned), unless the caller knows their time (`est_us`).
-        `launched_from`: when the sync point before was recorded, where known (none of these commands
-        was launched earlier)."""
+        (nothing while none was learned), unless the caller knows their time (`est_us`)."""
         self.since_sync_n += n
         if est_us is not None:
             self.since_sync_us += est_us
         elif self.calibrated:
             self.since_sync_us += n * self.cmd_us
-        self._recorded(handle, launched_from)
+        self._recorded(handle)
 
     def sync_due(self, n, est_us):
         """For a caller that knows its commands' GPU time: is half a window of it launched since the
@@ -182,8 +180,8 @@ class ProgressiveWindow:
         self.since_sync_us += 2 * self.window_us
         self._recorded(handle)
 
-    def _recorded(self, handle, launched_from=None):
-        self.pending.append((handle, self.since_sync_us, self.since_sync_n, launched_from))
+    def _recorded(self, handle):
+        self.pending.append((handle, self.since_sync_us, self.since_sync_n))
         self.pending_us += self.since_sync_us
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
@@ -228,7 +226,7 @@ class ProgressiveWindow:
             return True
         return not self.calibrated and len(self.pending) >= 2
 
-    def retire(self, is_done, waited_at=None):
+    def retire(self, is_done, waited_at=None, launched_from=None):
         """Drop the sync points that already completed (`is_done(handle)` must not block).
         `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
         the one before it also completed under a wait, with this one already queued, the GPU ran
@@ -244,12 +242,13 @@ class ProgressiveWindow:
         learned. Only there: the bound is one segment's, and below the window, where segments of
         several commands are waited for alone too, the light ones' bounds pulled the one estimate
         under the mean of a mixed job and let it queue more than the window (a review's scripted
-        clients: 57 of 600 worse, none better).
-        Returns how many it dropped."""
+        clients: 57 of 600 worse, none better). `launched_from`: when the newest segment's commands
+        began to be launched (the sync point before it was recorded; None: not known), which is the
+        one waited for alone. Returns how many it dropped."""
         pending = self.pending
         first, retired = True, 0
         while pending and is_done(pending[0][0]):
-            handle, est, n, launched_from = pending.popleft()
+            handle, est, n = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
                 if self._chain_at is not None and n:
@@ -287,7 +286,7 @@ class ProgressiveWindow:
         self.cmd_us = measured_us if first else 0.8 * self.cmd_us + 0.2 * measured_us
         self.calibrated = True
         if first:           # segments recorded before anything was learned weighed nothing: weigh them now
-            weighed = [(h, est or n * self.cmd_us, n, began) for h, est, n, began in self.pending]
+            weighed = [(h, est or n * self.cmd_us, n) for h, est, n in self.pending]
             self.pending.clear()                 # in place: retire() is walking this deque
             self.pending.extend(weighed)
             self.pending_us = sum(p[1] for p in self.pending)
