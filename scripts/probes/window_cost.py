@@ -13,12 +13,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_two_models import PY, WORK  # noqa: E402  (the workloads the pair benchmark runs)
 from benchlib import provenance, run_together, write_results, xsched_run  # noqa: E402
-
-WORK = REPO / "scripts" / "workloads"
-PY = sys.executable
 
 
 def main():
