@@ -39,7 +39,7 @@ WORK = REPO / "scripts" / "workloads"
 sys.path.insert(0, str(REPO / "scripts"))
 from benchlib import latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
 
-PAIRS = {                       # name: (HP model, batch), (LP model, batch[, "train"])
+PAIRS = {                       # name: (HP model, batch[, service]), (LP model, batch[, "train"])
     "r18b4-r50b16": (("resnet18", 4), ("resnet50", 16)),
     "r18b4-r50b64": (("resnet18", 4), ("resnet50", 64)),
     "encb1-vitb32": (("encoder", 1), ("vit_b_16", 32)),
@@ -48,7 +48,13 @@ PAIRS = {                       # name: (HP model, batch), (LP model, batch[, "t
     # Hugging Face's GPT-2 small (transformers installed; random weights), 256 tokens a sequence
     "encb1-gpt2b16": (("encoder", 1), ("gpt2", 16)),
     "r18b4-gpt2b8train": (("resnet18", 4), ("gpt2", 8, "train")),
+    # an LLM service: a request generates 8 tokens (9 model calls, each token to the CPU as it comes)
+    "gpt2gen8-r50b64": (("gpt2", 1, "gen8"), ("resnet50", 64)),
 }
+# A service's requests (serve.py's options) and their rate; a forward pass at 20 a second by default
+SERVICES = {"gen8": (["--decode-tokens", "8"], 5.0)}
+DEFAULT_RATE = 20.0
+REQUESTS = 500                  # after 1 s of warm-up: P99 = the 496th smallest latency
 ISSUE_PAIRS = ["r18b4-r50b16", "r18b4-r50b64", "encb1-vitb32"]   # the default: the README's main tables
 PY = sys.executable
 
@@ -56,14 +62,16 @@ PY = sys.executable
 def commands(variant, pair, seconds, window_us=None):
     if variant.endswith("-baseline"):            # the same programs under another tree's scheduler, defaults
         return commands(variant.removesuffix("-baseline"), pair, seconds)
-    (hp_model, hp_batch), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
+    (hp_model, hp_batch, *_service), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
     assert lp_mode in ([], ["train"]), pair
     train = bool(lp_mode)
-    hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)]
+    service_args = service_options(pair)
+    hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)] + \
+        service_args
     lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)] + \
         ["--train"] * train
     threads = [PY, str(WORK / "pair_threads.py"), "--hp", f"{hp_model}:{hp_batch}",
-               "--lp", f"{lp_model}:{lp_batch}" + ":train" * train, "--seconds", str(seconds)]
+               "--lp", f"{lp_model}:{lp_batch}" + ":train" * train, "--seconds", str(seconds)] + service_args
     return {
         "hp-alone": [hp],
         "lp-alone": [lp],
@@ -75,6 +83,22 @@ def commands(variant, pair, seconds, window_us=None):
         "xsched-threads": [threads + ["--scheduled"]],
         "xsched-threads-strict": [threads + ["--scheduled", "--latency-slack", "0"]],
     }[variant]
+
+
+def rate(pair):
+    _model, _batch, *service = PAIRS[pair][0]
+    return SERVICES[service[0]][1] if service else DEFAULT_RATE
+
+
+def service_options(pair):
+    """serve.py's (and pair_threads.py's) options for the pair's service: its requests, its rate."""
+    _model, _batch, *service = PAIRS[pair][0]
+    return (SERVICES[service[0]][0] if service else []) + ["--rate", f"{rate(pair):g}"]
+
+
+def co_run_seconds(args, pair):
+    """--seconds, or long enough for REQUESTS requests at the pair's rate after 1 s of warm-up."""
+    return args.seconds if args.seconds is not None else 1.0 + REQUESTS / rate(pair)
 
 
 def merged(outputs):
@@ -113,8 +137,9 @@ def measure(args, doc):
     hp_alone = {}
     for pair in args.pairs:
         hp = PAIRS[pair][0]
+        seconds = co_run_seconds(args, pair)
         if hp not in hp_alone:
-            hp_alone[hp] = run("hp-alone", pair, args.seconds)
+            hp_alone[hp] = run("hp-alone", pair, seconds)
         for _ in range(args.overhead_reps):                   # A/B interleaved: the host drifts
             run("lp-alone", pair, args.alone_seconds)
             if "processes" in args.modes:
@@ -128,7 +153,7 @@ def measure(args, doc):
             if args.baseline:
                 variants.insert(1, variants[1] + "-baseline")     # interleaved: native, baseline, this tree
             for variant in variants:
-                run(variant, pair, args.seconds)
+                run(variant, pair, seconds)
 
 
 def ratios(doc):
@@ -177,7 +202,8 @@ def table(paths):
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32", "r18b4-r50b256": "ResNet-18 b4 / ResNet-50 b256",
              "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training",
-             "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training"}
+             "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training",
+             "gpt2gen8-r50b64": "GPT-2 b1, 8 tokens a request, 5/s / ResNet-50 b64"}
     order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
              "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
@@ -201,7 +227,8 @@ def main():
     p.add_argument("--modes", nargs="+", choices=["processes", "threads"], default=["processes", "threads"])
     p.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=ISSUE_PAIRS,
                    help=f"default: {' '.join(ISSUE_PAIRS)}")
-    p.add_argument("--seconds", type=float, default=26.0, help="per co-run variant (20 req/s: 500 requests after 1 s)")
+    p.add_argument("--seconds", type=float,
+                   help=f"per co-run variant (default: {REQUESTS} requests after 1 s at the pair's rate: 26 s at 20/s)")
     p.add_argument("--alone-seconds", type=float, default=10.0, help="per LP-alone variant")
     p.add_argument("--overhead-reps", type=int, default=2, help="A/B pairs of lp-alone / lp-alone-xsched")
     p.add_argument("--window-us", type=float, help="pass --window-us to the LP's xsched-lv3 run (default: none)")
@@ -219,7 +246,7 @@ def main():
         return
     import torch                    # its version only: this process never touches the GPU
     doc = {"benchmark": "two models, one GPU, as users run them", **provenance(), "torch": torch.__version__,
-           "hp_rate_per_s": 20.0, "seconds": args.seconds,
+           "hp_rate_per_s": {k: rate(k) for k in args.pairs}, "seconds": args.seconds,
            "alone_seconds": args.alone_seconds, "window_us": args.window_us, "modes": args.modes,
            "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep,
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "rows": []}

@@ -4,18 +4,20 @@
     vit_b_16              torchvision Vision Transformer (attention inside nn.MultiheadAttention,
                           a non-leaf module whose own forward launches most of the block's kernels)
     encoder               nn.TransformerEncoder, 6 layers, d_model 512, 8 heads, batch x 128 tokens
+    gpt2                  Hugging Face's GPT-2 small (transformers installed), batch x `tokens` tokens
 """
 import time
 
 MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder", "gpt2")
+GPT2_TOKENS = 256                # the positions the model has, and a batch job's sequence
 
 
-def build(name, batch, device="cuda"):
+def build(name, batch, device="cuda", tokens=GPT2_TOKENS):
     import torch
     if name == "gpt2":                   # Hugging Face's GPT-2 small, random weights (nothing downloaded)
         from transformers import GPT2Config, GPT2LMHeadModel
-        model = GPT2LMHeadModel(GPT2Config(n_positions=256))
-        x = torch.randint(0, model.config.vocab_size, (batch, 256), device=device)
+        model = GPT2LMHeadModel(GPT2Config(n_positions=GPT2_TOKENS))
+        x = torch.randint(0, model.config.vocab_size, (batch, tokens), device=device)
     elif name == "encoder":
         layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)

@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
-from serve import serve, warm  # noqa: E402
+from serve import add_service_options, build_service, serve, warm  # noqa: E402
 from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
@@ -36,6 +36,7 @@ def main():
     p.add_argument("--lp", type=lambda text: spec(text, ("", "train")), default=("resnet50", 16, False),
                    help="MODEL:BATCH, or MODEL:BATCH:train for training steps")
     p.add_argument("--rate", type=float, default=20.0)
+    add_service_options(p)
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--scheduled", action="store_true", help="bind each thread with xt.client (defaults)")
@@ -49,6 +50,8 @@ def main():
                    help="diagnostics, with --scheduled: the service thread launches nothing; each of its requests "
                         "holds the batch thread back for this long (a sleep between begin and end of a request)")
     args = p.parse_args()
+    if args.decode_tokens and args.hp[0] != "gpt2":
+        p.error("--decode-tokens wants --hp gpt2:BATCH")
     if args.hp_hold_ms is not None and (not args.scheduled or args.no_hp or not args.hp_hold_ms > 0):
         p.error("--hp-hold-ms wants --scheduled, a service thread (no --no-hp) and a time > 0")
     import torch
@@ -76,12 +79,12 @@ def main():
         options = {} if args.latency_slack is None or kind == "lp" else {"latency_slack": args.latency_slack}
         ctx = xt.client(priority=priority, **options) if xt else contextlib.nullcontext()
         with torch.cuda.stream(stream), ctx as gate:
-            model, x = build(name, batch)
             if kind == "hp":
-                warm(model, x, 20)
-                work = (model, x)
+                model, x, request = build_service(name, batch, args.decode_tokens, args.prompt_tokens)
+                warm(model, x, 20, request)
+                work = (model, x, request)
             else:
-                work = (make_step(model, x, train),)
+                work = (make_step(*build(name, batch), train),)
             ready.wait()
             ready.wait()                       # the main thread has read the start time
             while time.monotonic() < go["at"]:
@@ -99,9 +102,9 @@ def main():
             finally:
                 gate.end_request()
 
-        def service(m, x, t, gate):
+        def service(m, x, request, t, gate):
             if args.hp_hold_ms is None:
-                return {"hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t)}
+                return {"hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t, request)}
             return {"hp_latencies_s": open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)}
         threads.append(threading.Thread(target=role, args=("hp", 10, service)))
     if not args.no_lp:

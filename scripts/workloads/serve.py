@@ -4,6 +4,12 @@ requests arrive open-loop at --rate per second; a request's latency runs from it
 arrival to its result being on the CPU side (synchronize). Prints one JSON line of latencies.
 
     python serve.py --model resnet18 --batch 4 --rate 20 --seconds 26
+    python serve.py --model gpt2 --batch 1 --decode-tokens 8 --rate 5 --seconds 101
+
+With --decode-tokens N (GPT-2) a request is a text generation, as a streaming LLM service runs it:
+the prompt's forward pass, then N - 1 forward passes of one token each with the KV cache, greedy,
+each new token copied to the CPU (sent to the user) before the next pass begins. So a request is
+N model calls with short CPU gaps between them, each waiting for its token.
 """
 import argparse
 import json
@@ -13,25 +19,56 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
-from models import MODELS, build, wait_for_start  # noqa: E402
+from models import GPT2_TOKENS, MODELS, build, wait_for_start  # noqa: E402
 
 
-def serve(model, x, rate, seconds, warmup_s, start_at):
+def forward_pass(model, x):
+    """A request: one forward pass, its result on the CPU side."""
+    import torch
+    model(x)
+    torch.cuda.current_stream().synchronize()
+
+
+def generation(tokens):
+    """A request: `tokens` new tokens after the prompt `x`, one model call each (KV cache), each
+    token on the CPU before the next call (a streaming service sends it)."""
+    def generate(model, x):
+        out = model(input_ids=x, use_cache=True)
+        for i in range(tokens):
+            token = out.logits[:, -1:].argmax(-1)
+            token.cpu()
+            if i + 1 < tokens:
+                out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+    return generate
+
+
+def build_service(name, batch, decode_tokens=0, prompt_tokens=32):
+    """(model, input, request): a forward pass a request, or with `decode_tokens` a generation."""
+    if not decode_tokens:
+        return (*build(name, batch), forward_pass)
+    if name != "gpt2" or decode_tokens < 0 or not 0 < prompt_tokens + decode_tokens <= GPT2_TOKENS:
+        raise ValueError(f"--decode-tokens needs --model gpt2 and prompt + new tokens within 1..{GPT2_TOKENS}")
+    return (*build(name, batch, tokens=prompt_tokens), generation(decode_tokens))
+
+
+def add_service_options(p):
+    p.add_argument("--decode-tokens", type=int, default=0, metavar="N",
+                   help="gpt2: a request generates N tokens (0: a request is one forward pass)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="gpt2 with --decode-tokens: the prompt's length")
+
+
+def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass):
     """Open-loop arrivals from start_at; latencies of the requests after warmup_s."""
     import torch
-
-    def request():
-        model(x)
-        torch.cuda.current_stream().synchronize()
     with torch.no_grad():
-        return open_loop(rate, seconds, request, warmup_s, t0=start_at)
+        return open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at)
 
 
-def warm(model, x, iterations=20):
+def warm(model, x, iterations=20, request=forward_pass):
     import torch
     with torch.no_grad():
         for _ in range(iterations):
-            model(x)
+            request(model, x)
     torch.cuda.synchronize()
 
 
@@ -42,11 +79,15 @@ def main():
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
+    add_service_options(p)
     args = p.parse_args()
-    model, x = build(args.model, args.batch)
-    warm(model, x)
+    try:
+        model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
+    except ValueError as e:
+        p.error(str(e))
+    warm(model, x, request=request)
     start_at = wait_for_start()
-    lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at)
+    lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request)
     print(json.dumps({"hp_latencies_s": lat}), flush=True)
 
 
