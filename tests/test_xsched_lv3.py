@@ -387,7 +387,7 @@ def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_eng
     """The hysteresis pays only where the HP comes straight back: once its idle gaps are known to be
     longer than a switch, the LP is resumed as soon as the HP goes idle (it would otherwise lose the
     hysteresis after every request); once the HP keeps coming back within one, the LP waits again."""
-    from xsched_lv3.lv3 import GAP_HISTORY, hold_for
+    from xsched_lv3.policy import GAP_HISTORY, hold_for
     assert hold_for(0.002, []) == 0.002                         # nothing known yet: wait
     assert hold_for(0.002, [0.050] * 8) == 0.0                  # far apart: resume at once
     assert hold_for(0.002, [0.0005] * 8) == 0.002               # straight back: wait

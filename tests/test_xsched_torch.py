@@ -741,6 +741,9 @@ def test_a_forked_child_runs_unscheduled(torch_fake):
     with xt.client(priority=10) as gate:
         model(torch, "k", 3, 0.0)(None)            # the GPU is in use, the HP tracking
         assert gate.tracking
+        deadline = time.monotonic() + 2            # its busy period over (kept open a moment: gate.RELEASE_COST_S)
+        while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+            time.sleep(0.001)
         recorded = gpu.events_recorded
         pid = os.fork()
         if pid == 0:                               # the child: a module call, then report

@@ -32,7 +32,7 @@ from kfdtool.pids import stopped
 
 from . import daemon_link
 from .board import Board
-from .policy import check_hint, make_policy, shares_device
+from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
 from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow
 
@@ -52,6 +52,17 @@ DAEMON_CHECK_S = 0.05                      # is the daemon (our Lv3) still there
 REGISTER_TIMEOUT_S = 0.5                   # a daemon that does not answer: take a slot from the board
 WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
 BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forward commands (before_backward)
+# A busy period (what lower clients are held for, and what the protection judges) goes on across a
+# short idle gap between requests, by the ski-rental rule over the recent gaps (policy.hold_for): a
+# service that comes straight back (a text generation: one model call per token, a moment of CPU work
+# between) keeps lower clients held through the gap instead of letting them queue work ahead of its
+# next call, and its protection judges the whole burst, the request its user waits for, not each call.
+# A release costs the service about what a lower client may queue meanwhile: a window of work, plus
+# the command it is running (two default windows).
+RELEASE_COST_S = 2 * DEFAULT_WINDOW_US * 1e-6
+
+
+_GAP_OUTLASTED = object()                  # the watcher's wake-up: no request came back within the gap
 
 
 class Gate:
@@ -102,6 +113,8 @@ class Gate:
         self._protecting = False                   # the current busy period holds lower clients
         self._exposed = False                      # ... it began without holding them (a probe, or harmless)
         self._period = 0                           # busy periods begun
+        self._work_done_at = None                  # the GPU finished all our requests then, none began since
+        self._gaps = deque(maxlen=GAP_HISTORY)     # recent idle gaps: from work done to the next request
         # An exposed busy period that runs past its deadline (protection.guard_deadline_s) is protected
         # for the rest of it: lower clients are held once they endanger this request, not before
         self._guard_cv = threading.Condition()
@@ -260,6 +273,9 @@ class Gate:
             with self._lock:
                 self._open += 1
                 self._requests += 1
+                if self._work_done_at is not None:
+                    self._gaps.append(now - self._work_done_at)
+                    self._work_done_at = None      # (a busy period kept open across this gap goes on)
                 if self._busy_since is None:       # a new busy period: protect it, or not
                     self._busy_since = now
                     self._period += 1
@@ -318,26 +334,42 @@ class Gate:
             _LOCAL_WRITES.notify_all()             # threads of this process held back by us
 
     def _idle_watcher(self):
+        keep = None                                # (until, request): a busy period kept open across a gap
         while True:
             with self._watch_cv:
-                while not self._watch:
-                    self._watch_cv.wait()
-                item = self._watch.popleft()
+                while not self._watch and (keep is None or time.monotonic() < keep[0]):
+                    self._watch_cv.wait(None if keep is None else keep[0] - time.monotonic())
+                item = self._watch.popleft() if self._watch else _GAP_OUTLASTED
             if item is None:                       # closed
                 return
+            if item is _GAP_OUTLASTED:
+                with self._lock:
+                    if keep[1] == self._requests and not self._open and self._busy_since is not None:
+                        self._end_busy_period()
+                keep = None
+                continue
             request, handle = item
             self.recorder.wait(handle)
             with self._lock:
-                since = self._busy_since
-                if request == self._requests and not self._open and since is not None:
-                    # none began meanwhile: the busy period ends here, and its latency is known
-                    self.protection.finished(not self._exposed, time.monotonic() - since)
-                    self._publish_exposing()
-                    self._busy_since = None
-                    if self._exposed:
-                        self._guard_exposure(None, None)
-                    if self._active:
-                        self._mark(False)
+                if request == self._requests and not self._open and self._busy_since is not None:
+                    # none began meanwhile: the GPU has done all our work, and the busy period ends
+                    # here unless the next request comes back within the gap we keep it open for
+                    self._work_done_at = now = time.monotonic()
+                    gap = hold_for(RELEASE_COST_S, self._gaps)
+                    if gap:
+                        keep = (now + gap, request)
+                    else:
+                        self._end_busy_period()
+
+    def _end_busy_period(self):
+        """Under self._lock: the busy period's latency is known (to the moment its work was done)."""
+        self.protection.finished(not self._exposed, self._work_done_at - self._busy_since)
+        self._publish_exposing()
+        self._busy_since = None
+        if self._exposed:
+            self._guard_exposure(None, None)
+        if self._active:
+            self._mark(False)
 
     def _guard_exposure(self, deadline, period):
         """Protect busy period `period` at `deadline` if it is still running exposed (None: cancel).
@@ -488,7 +520,8 @@ class Gate:
         """What this client went through, for reports (`XSCHED_LV3_REPORT`, benchmarks)."""
         window = self.window
         return {"priority": self.priority, "device": self.device, "level": self.level, "guarded": self.guarded,
-                "tracking": self.tracking, "requests": self._requests, "waits": self.waits,
+                "tracking": self.tracking, "requests": self._requests, "busy_periods": self._period,
+                "waits": self.waits,
                 "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points,
                 "blocked_syncs": self.blocked_syncs, **self.protection.stats(),
                 "window_cmd_us": window.cmd_us if window is not None and window.calibrated else None}

@@ -52,7 +52,7 @@ from kfdtool.pids import stopped
 from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
 
-from .policy import shares_device
+from .policy import GAP_HISTORY, hold_for, shares_device
 
 LV1, LV3 = 1, 3
 RUNTIME_ON = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
@@ -71,19 +71,6 @@ RUNTIME_POLL_S = 0.1
 WAVE_LIFE_S = 1e-3
 MIN_GRACE = 1                  # 1K GPU clocks: 0 asks for the driver's default, which it forces to 1
 MAX_PARALLEL_CALLS = 8         # SUSPEND/RESUME_QUEUES calls in flight at once (one per client)
-GAP_HISTORY = 16               # idle gaps of the clients above a client that choose its hysteresis
-
-
-def hold_for(switch_s, gaps):
-    """How long a suspended client stays suspended once the clients above it go idle: 0 (resume now)
-    or `switch_s`, the ski-rental choice. Resuming now costs a switch (this resume, and a suspend when
-    they come back: about `switch_s`) after every gap; waiting costs the time waited, min(gap,
-    switch_s), plus a switch after each gap longer than that. Over the recent `gaps`, the cheaper of
-    the two; with none yet, wait (never worse than twice the best choice in hindsight)."""
-    if not gaps:
-        return switch_s
-    waiting = sum(min(g, switch_s) + (switch_s if g > switch_s else 0.0) for g in gaps)
-    return switch_s if waiting < switch_s * len(gaps) else 0.0
 
 
 def grace_period_for(node):

@@ -40,6 +40,23 @@ class Policy(ABC):
         """queues: [QueueState]; returns a Decision. Queues not in `run` are suspended."""
 
 
+GAP_HISTORY = 16               # the recent idle gaps that choose a hysteresis (hold_for)
+
+
+def hold_for(switch_s, gaps):
+    """How long to keep lower clients held (or suspended) once the clients above them go idle: 0
+    (release now) or `switch_s`, the ski-rental choice. Releasing now costs a switch (what the release
+    and the next hold cost: about `switch_s`) after every gap; waiting costs the time waited, min(gap,
+    switch_s), plus a switch after each gap longer than that. Over the recent `gaps`, the cheaper of
+    the two; with none yet, wait (never worse than twice the best choice in hindsight). The Lv3 daemon
+    keeps a lower client suspended by it (lv3.py); a guarded client's gate keeps its busy period open
+    across the short gaps between its requests by it (gate.py)."""
+    if not gaps:
+        return switch_s
+    waiting = sum(min(g, switch_s) + (switch_s if g > switch_s else 0.0) for g in gaps)
+    return switch_s if waiting < switch_s * len(gaps) else 0.0
+
+
 def shares_device(a, b):
     """Two queues' devices may be the same GPU: equal, or either not known yet (0)."""
     return a == b or not a or not b
