@@ -143,8 +143,12 @@ def run_together(commands, timeout_s, checkout=REPO, when_ready=None):
     """Start every command, wait until each says READY, give all the same start time, and return
     what each printed last (a JSON object), in order, with the scheduler's account of that process
     under "gate" where it wrote one (XSCHED_LV3_REPORT). `checkout`: whose xsched_lv3
-    `-m xsched_lv3` runs. `when_ready(pids)`: called once all are ready, before the start (e.g.
-    `xsched-lv3 attach` of some of them)."""
+    `-m xsched_lv3` runs and the programs import; a report naming another package is an error.
+    `when_ready(pids)`: called once all are ready, before the start (e.g. `xsched-lv3 attach` of some
+    of them)."""
+    # Absolute: relative to the programs' cwd (the checkout) it would name nothing, and a program
+    # would import the xsched_lv3 further down PYTHONPATH (this tree's, on the device machine)
+    checkout = Path(checkout).resolve()
     env = dict(os.environ, PYTHONPATH=str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     reports = tempfile.mkdtemp(prefix="xsched-report-")
@@ -171,6 +175,10 @@ def run_together(commands, timeout_s, checkout=REPO, when_ready=None):
             report = Path(reports, f"{i}.json")
             if report.exists():
                 out["gate"] = json.loads(report.read_text())
+                package = out["gate"].pop("package", None)
+                if package is not None and Path(package).resolve() != checkout / "xsched_lv3":
+                    raise RuntimeError(f"{' '.join(c)} was scheduled by {package}, "
+                                       f"not by {checkout}'s xsched_lv3")
             outputs.append(out)
         return outputs
     finally:

@@ -34,9 +34,10 @@ def process_gate(recorder):
 
 
 def _write_report(path, gate):
-    """XSCHED_LV3_REPORT=FILE: the process's scheduling stats as JSON when it exits."""
+    """XSCHED_LV3_REPORT=FILE: the process's scheduling stats as JSON when it exits, and which
+    xsched_lv3 scheduled it (benchmarks comparing two trees check it)."""
     try:
         with open(path, "w") as f:
-            json.dump(gate.stats(), f)
+            json.dump({**gate.stats(), "package": os.path.dirname(os.path.abspath(__file__))}, f)
     except OSError as e:
         print(f"xsched-lv3: cannot write report {path}: {e}", file=sys.stderr)

@@ -1,0 +1,55 @@
+"""The benchmarks' harness (scripts/benchlib.py): a comparison of two trees runs each tree's
+scheduler in its programs, or says it did not."""
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import benchlib  # noqa: E402
+
+# A program as the benchmarks start one: READY, the start time on stdin, one JSON line; and the report
+# that `xsched-lv3 run` has its process write (runenv._write_report), naming the xsched_lv3 it imported.
+PROGRAM = """
+import json, os, sys
+{prelude}
+import xsched_lv3
+package = os.path.dirname(os.path.abspath(xsched_lv3.__file__))
+with open(os.environ["XSCHED_LV3_REPORT"], "w") as f:
+    json.dump({{"package": package}}, f)
+print("READY", flush=True)
+input()
+print(json.dumps({{"imported": package}}))
+"""
+
+
+def program(directory, prelude=""):
+    """The program as a script (as serve.py is: its own directory first on sys.path, not the cwd)."""
+    path = directory / "program.py"
+    path.write_text(PROGRAM.format(prelude=prelude))
+    return [sys.executable, str(path)]
+
+
+@pytest.fixture
+def other_tree(tmp_path, monkeypatch):
+    """Another release's tree, named relative to the current directory (as `--baseline .baseline`)."""
+    shutil.copytree(REPO / "xsched_lv3", tmp_path / "old" / "xsched_lv3",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))       # this tree further down, as on the device machine
+    return Path("old")
+
+
+def test_a_relative_baseline_checkout_schedules_its_programs_with_its_own_package(other_tree):
+    """Seen on the device machine: `--baseline .baseline` with this tree on PYTHONPATH ran this
+    tree's scheduler in the baseline's programs (the relative path named nothing from their cwd)."""
+    (out,) = benchlib.run_together([program(Path.cwd())], 30, checkout=other_tree)
+    assert Path(out["imported"]) == (other_tree / "xsched_lv3").resolve()
+
+
+def test_a_program_scheduled_by_another_tree_is_an_error(other_tree):
+    imports_this_tree = program(Path.cwd(), prelude=f"sys.path.insert(0, {str(REPO)!r})")
+    with pytest.raises(RuntimeError, match="not by"):
+        benchlib.run_together([imports_this_tree], 30, checkout=other_tree)
