@@ -11,7 +11,10 @@ A gate costs only what its position on the board requires (the fast path is the 
   * **tracking** (marks itself active/idle per request) only while a lower-priority client shares
     its device, since only those clients read that state; and only for requests that need it: a
     client measures its request latency and holds lower clients back only while they endanger it
-    (`protection.py`; strict priority with `latency_slack=0`);
+    (`protection.py`; strict priority with `latency_slack=0`). What it marks and measures is a busy
+    period: from a request's start until the GPU has done all its requests' work, across the short
+    idle gaps of a client that comes straight back (`RELEASE_COST_S`: a token-by-token generation is
+    one busy period, not one per model call);
   * **guarded** while a higher-priority client shares its device (or the policy is not strict
     priority) and this process uses a GPU: before each module and after each leaf module it asks the policy whether it may run
     (one board comparison), and every few leaves it places a sync point that keeps its in-flight GPU
