@@ -1,5 +1,3 @@
-import sys
+from .entry import kfdtool
 
-from .cli import main
-
-sys.exit(main())
+kfdtool()

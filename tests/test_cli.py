@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from kfdtool.cli.sim_cmd import spawn_workload
 from simhelpers import start
 
@@ -392,3 +392,18 @@ def test_probing_a_stopped_simulated_machine_says_so(sim_dir):
     """Its sysfs tree is still readable, but nothing there can be preempted: not "available"."""
     run_cli("sim", "stop", "mi210")
     one_line_error(run_cli("--sim", "mi210", "cwsr", "--probe"), "simulated mi210 is not running")
+
+
+@pytest.mark.parametrize("script", ["kfdtool", "xsched-lv3"])
+def test_ctrl_c_while_a_command_is_still_importing_is_exit_130_without_a_traceback(tmp_path, monkeypatch, script):
+    """Seen: Ctrl-C in the first tens of milliseconds of `kfdtool` (while its modules load, before
+    main's own handler) printed a traceback. Both console scripts start in kfdtool.entry."""
+    import tomllib
+    from kfdtool import entry
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[script].startswith("kfdtool.entry:")
+    (tmp_path / "slow_to_import.py").write_text("raise KeyboardInterrupt  # Ctrl-C during the import\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert entry.run("slow_to_import") == 130
+    (tmp_path / "interrupted_main.py").write_text("def main(argv):\n    raise KeyboardInterrupt\n")
+    assert entry.run("interrupted_main") == 130

@@ -1,5 +1,3 @@
-import sys
+from kfdtool.entry import xsched_lv3
 
-from .cli import main
-
-sys.exit(main())
+xsched_lv3()
