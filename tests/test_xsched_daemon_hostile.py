@@ -429,3 +429,21 @@ def test_cli_hint_values_are_checked_before_anything_is_sent(args, needle):
     result = subprocess.run([sys.executable, "-m", "xsched_lv3", "hint", "--pid", "1", *args, "--socket", "/x"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and needle in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def test_status_at_the_daemons_connection_cap_says_why(tmp_path, daemon):
+    """Every connection the daemon takes is held open by someone: `status` says the daemon refused and
+    why (its cap), then shows the board, instead of "did not answer"."""
+    from xsched_lv3.daemon import MAX_CONNECTIONS
+    held = [connect(daemon) for _ in range(MAX_CONNECTIONS)]
+    try:
+        assert ask(held[0], STATUS)["clients"] == []         # all taken and served
+        env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=daemon)
+        r = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--socket", daemon], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "refused" in r.stderr and "too many connections" in r.stderr, r.stderr
+    finally:
+        for s in held:
+            s.close()
+    assert_serving(daemon)

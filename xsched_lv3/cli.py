@@ -256,7 +256,10 @@ def cmd_status(args):
     if daemon or args.socket:              # a socket named on the command line is asked, and a wrong one said so
         try:
             reply = request({"op": "status"}, args.socket)
+            if "error" in reply:           # e.g. at its connection cap: it says why, then closes
+                raise ConnectionError(f"the daemon refused the request: {reply['error']}")
         except ConnectionError as e:       # not at this socket (--socket?), or not answering
+            reply = {}
             print(f"xsched-lv3: {f'daemon pid {daemon}: ' if daemon else ''}{e}; showing the board", file=sys.stderr)
         daemon = daemon or reply.get("pid")    # one that answered at --socket is running, board or not
     if "clients" in reply:

@@ -67,7 +67,10 @@ def request(msg, socket_path=None, timeout=REPLY_TIMEOUT_S):
     buf = bytearray()
     with sock:
         try:
-            sock.sendall(json.dumps(msg).encode() + b"\n")
+            try:
+                sock.sendall(json.dumps(msg).encode() + b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass                           # it may have closed after saying why (a refusal): read on
             while not buf.endswith(b"\n") and len(buf) <= MAX_REPLY_BYTES:
                 chunk = sock.recv(65536)
                 if not chunk:
