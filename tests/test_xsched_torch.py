@@ -744,6 +744,7 @@ def test_a_forked_child_runs_unscheduled(torch_fake):
         deadline = time.monotonic() + 2            # its busy period over (kept open a moment: gate.RELEASE_COST_S)
         while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
             time.sleep(0.001)
+        assert not gate.board.read_slot(gate.slot)[2]
         recorded = gpu.events_recorded
         pid = os.fork()
         if pid == 0:                               # the child: a module call, then report

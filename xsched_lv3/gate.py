@@ -63,6 +63,10 @@ BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forwar
 # A release costs the service about what a lower client may queue meanwhile: a window of work, plus
 # the command it is running (two default windows).
 RELEASE_COST_S = 2 * DEFAULT_WINDOW_US * 1e-6
+# ... but a busy period that has run this long ends at its next gap however short: a client that never
+# pauses longer than that (a batch job in a loop above another, a service with a standing queue) would
+# otherwise be one busy period for good, never judged, its lower clients held throughout
+KEPT_OPEN_MAX_S = 1.0
 
 
 _GAP_OUTLASTED = object()                  # the watcher's wake-up: no request came back within the gap
@@ -277,7 +281,8 @@ class Gate:
                 self._open += 1
                 self._requests += 1
                 if self._work_done_at is not None:
-                    self._gaps.append(now - self._work_done_at)
+                    # (`now` may predate it: the watcher may have taken the lock first)
+                    self._gaps.append(max(0.0, time.monotonic() - self._work_done_at))
                     self._work_done_at = None      # (a busy period kept open across this gap goes on)
                 if self._busy_since is None:       # a new busy period: protect it, or not
                     self._busy_since = now
@@ -358,7 +363,7 @@ class Gate:
                     # none began meanwhile: the GPU has done all our work, and the busy period ends
                     # here unless the next request comes back within the gap we keep it open for
                     self._work_done_at = now = time.monotonic()
-                    gap = hold_for(RELEASE_COST_S, self._gaps)
+                    gap = hold_for(RELEASE_COST_S, self._gaps) if now - self._busy_since < KEPT_OPEN_MAX_S else 0.0
                     if gap:
                         keep = (now + gap, request)
                     else:
@@ -396,8 +401,9 @@ class Gate:
                 self._protect_at = None
             with self._lock:
                 if period == self._period and self._busy_since is not None and not self._protecting:
-                    self._protecting = True        # past the guard deadline: hold them after all
-                    self._mark(True)
+                    self._protecting = True        # past the guard deadline: hold them after all ...
+                    if self._work_done_at is None:
+                        self._mark(True)           # ... from now, or (in a gap kept open) from its next request
 
     # --- per module call, while guarded ------------------------------------------------------------------
     def check(self):
