@@ -435,7 +435,19 @@ def test_status_at_the_daemons_connection_cap_says_why(tmp_path, daemon):
     """Every connection the daemon takes is held open by someone: `status` says the daemon refused and
     why (its cap), then shows the board, instead of "did not answer"."""
     from xsched_lv3.daemon import MAX_CONNECTIONS
-    held = [connect(daemon) for _ in range(MAX_CONNECTIONS)]
+
+    def connect_once_there_is_room(path):
+        """A UNIX socket's connect fails with EAGAIN while the daemon's accept backlog is full (a
+        busy host): wait for it to accept, as a patient client would."""
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while True:
+            try:
+                return connect(path)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+    held = [connect_once_there_is_room(daemon) for _ in range(MAX_CONNECTIONS)]
     try:
         assert ask(held[0], STATUS)["clients"] == []         # all taken and served
         env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=daemon)
