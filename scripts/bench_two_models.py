@@ -48,7 +48,7 @@ PAIRS = {                       # name: (HP model, batch[, service]), (LP model,
     # Hugging Face's GPT-2 small (transformers installed; random weights), 256 tokens a sequence
     "encb1-gpt2b16": (("encoder", 1), ("gpt2", 16)),
     "r18b4-gpt2b8train": (("resnet18", 4), ("gpt2", 8, "train")),
-    # an LLM service: a request generates 8 tokens (9 model calls, each token to the CPU as it comes)
+    # an LLM service: a request generates 8 tokens (8 model calls, each token to the CPU as it comes)
     "gpt2gen8-r50b64": (("gpt2", 1, "gen8"), ("resnet50", 64)),
 }
 # A service's requests (serve.py's options) and their rate; a forward pass at 20 a second by default
@@ -217,8 +217,10 @@ def table(paths):
                 lines.append(f"| {names[pair]} | {variant} | {runs} | {latency} | "
                              f"{cell(got.get('hp_p99_vs_alone', []), x)} | {cell(got.get('lp_vs_alone', []), f2)} |")
     revisions = sorted({d["git_revision"][:7] + ("+dirty" if d["git_dirty"] else "") for d in docs})
+    notes = "".join(f"\n{Path(path).name}: {doc['harness_note']}\n" for path, doc in zip(paths, docs)
+                    if doc.get("harness_note"))          # rows that are not what their names say
     return "\n".join(lines) + (f"\n\n{', '.join(cards)}, revision {', '.join(revisions)}; median (min–max) of the "
-                               f"ratios over the runs; HP P50 / P99: medians over the runs.\n")
+                               f"ratios over the runs; HP P50 / P99: medians over the runs.\n") + notes
 
 
 def main():
@@ -246,7 +248,8 @@ def main():
         return
     import torch                    # its version only: this process never touches the GPU
     doc = {"benchmark": "two models, one GPU, as users run them", **provenance(), "torch": torch.__version__,
-           "hp_rate_per_s": {k: rate(k) for k in args.pairs}, "seconds": args.seconds,
+           "hp_rate_per_s": {k: rate(k) for k in args.pairs},
+           "seconds": {k: co_run_seconds(args, k) for k in args.pairs},
            "alone_seconds": args.alone_seconds, "window_us": args.window_us, "modes": args.modes,
            "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep,
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "rows": []}

@@ -175,7 +175,8 @@ def run_together(commands, timeout_s, checkout=REPO, when_ready=None):
             report = Path(reports, f"{i}.json")
             if report.exists():
                 out["gate"] = json.loads(report.read_text())
-                package = out["gate"].pop("package", None)
+            for key in [k for k in out if k == "gate" or k.endswith("_gate")]:    # threads mode: in its output
+                package = out[key].pop("package", None) if isinstance(out[key], dict) else None
                 if package is not None and Path(package).resolve() != checkout / "xsched_lv3":
                     raise RuntimeError(f"{' '.join(c)} was scheduled by {package}, "
                                        f"not by {checkout}'s xsched_lv3")

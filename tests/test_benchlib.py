@@ -53,3 +53,32 @@ def test_a_program_scheduled_by_another_tree_is_an_error(other_tree):
     imports_this_tree = program(Path.cwd(), prelude=f"sys.path.insert(0, {str(REPO)!r})")
     with pytest.raises(RuntimeError, match="not by"):
         benchlib.run_together([imports_this_tree], 30, checkout=other_tree)
+
+
+def test_a_threads_mode_program_names_its_scheduler_in_its_output_and_is_checked(other_tree):
+    """pair_threads.py writes no report: its gates' stats are in its output, with the package."""
+    path = Path.cwd() / "threads.py"
+    path.write_text(f"""
+import json, sys
+sys.path.insert(0, {str(REPO)!r})
+import xsched_lv3
+print("READY", flush=True)
+input()
+print(json.dumps({{"lp_gate": {{"package": xsched_lv3.__path__[0]}}}}))
+""")
+    with pytest.raises(RuntimeError, match="not by"):
+        benchlib.run_together([[sys.executable, str(path)]], 30, checkout=other_tree)
+
+
+def test_the_report_of_a_scheduled_process_names_its_package(tmp_path):
+    """What the check reads (runenv._write_report): without it, every check would pass unseen."""
+    import json
+
+    from xsched_lv3 import runenv
+
+    class Gate:
+        def stats(self):
+            return {"requests": 3}
+    runenv._write_report(tmp_path / "report.json", Gate())
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["requests"] == 3 and Path(report["package"]) == REPO / "xsched_lv3"

@@ -357,9 +357,10 @@ def test_a_service_that_comes_straight_back_keeps_its_busy_period_across_the_gap
     """Seen on an H200: a GPT-2 service generating 8 tokens a request (a model call per token, a moment
     of CPU work between) marked itself idle after every call. The batch job next to it slipped work in
     ahead of each next call, and the protection judged single calls, whose slack a co-running batch
-    job's kernels exceed more often than the whole request's: every probe failed, and the batch job was
-    held for 40 % of the run at 0.62 of its speed while running both unscheduled cost the service
-    nothing (P99 1.01x). Its busy period now spans the gaps: one period a request, held throughout."""
+    job's kernels exceed more often than the whole request's (presumably: calls were not timed one by
+    one): its probes failed, and the batch job was held 31-34 s of ~101 at 0.62-0.67 of its speed, while
+    running both unscheduled cost the service P99 1.01x and 1.11x in two runs. Its busy period now
+    spans the gaps: one period a request, held throughout."""
     torch, gpu, xt = torch_fake
     import xsched_lv3.gate
     # a release priced at 10 ms, not 1: a loaded CI host's scheduling delays make some 0.1 ms gaps longer
@@ -392,13 +393,13 @@ def test_a_client_that_never_pauses_is_still_judged_in_periods_of_bounded_length
     KEPT_OPEN_MAX_S."""
     torch, gpu, xt = torch_fake
     import xsched_lv3.gate
-    monkeypatch.setattr(xsched_lv3.gate, "KEPT_OPEN_MAX_S", 0.050)
+    monkeypatch.setattr(xsched_lv3.gate, "KEPT_OPEN_MAX_S", 0.100)
     monkeypatch.setattr(xsched_lv3.gate, "RELEASE_COST_S", 0.010)     # every gap kept open, on a loaded host too
     lp = other_client(xt, priority=0)
-    seen, stats = _bursts(xt, torch, gpu, bursts=1, calls=150, gap_s=0.0001, between_s=0.0, kernel_s=0.002)
+    seen, stats = _bursts(xt, torch, gpu, bursts=1, calls=200, gap_s=0.0001, between_s=0.0, kernel_s=0.002)
     lp.close()
-    # ~0.3 s of calls: periods of 50 ms or a little more, not one
-    assert 3 <= stats["busy_periods"] <= 150 // 4, stats
+    # at least 0.4 s of calls (200 of 2 ms): periods of 100 ms or a little more, not one
+    assert 3 <= stats["busy_periods"] <= 200 // 3, stats
 
 
 def test_the_exposure_guard_does_not_hold_lower_clients_in_a_gap_kept_open(torch_fake, monkeypatch):

@@ -253,10 +253,12 @@ def cmd_status(args):
     board.reap()
     daemon = board.daemon_pid()
     reply = {}
+    refused = False
     if daemon or args.socket:              # a socket named on the command line is asked, and a wrong one said so
         try:
             reply = request({"op": "status"}, args.socket)
             if "error" in reply:           # e.g. at its connection cap: it says why, then closes
+                refused = True
                 raise ConnectionError(f"the daemon refused the request: {reply['error']}")
         except ConnectionError as e:       # not at this socket (--socket?), or not answering
             reply = {}
@@ -274,10 +276,10 @@ def cmd_status(args):
                                   "clients": clients})))
         return 0
     if not clients:
-        print("no scheduled clients" + ("" if daemon else " (and no daemon running)"))
+        print("no scheduled clients" + ("" if daemon or refused else " (and no daemon running)"))
         return 0
     print(f"policy: {reply.get('policy', board.policy()) or 'per client'}; "
-          f"daemon: {f'pid {daemon}' if daemon else 'none'}")
+          f"daemon: {f'pid {daemon}' if daemon else 'refused (above)' if refused else 'none'}")
     print(f"{'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} {'LEVEL':>5} {'STATE':<9} {'SUSPENDS':>8} "
           f"{'SUSP_S':>8} {'HELD_S':>8}  WHY")
     for c in clients:

@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
-from serve import add_service_options, build_service, serve, warm  # noqa: E402
+from serve import add_service_options, build_service, check_service, serve, warm  # noqa: E402
 from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
@@ -50,8 +50,9 @@ def main():
                    help="diagnostics, with --scheduled: the service thread launches nothing; each of its requests "
                         "holds the batch thread back for this long (a sleep between begin and end of a request)")
     args = p.parse_args()
-    if args.decode_tokens and args.hp[0] != "gpt2":
-        p.error("--decode-tokens wants --hp gpt2:BATCH")
+    problem = check_service(args.hp[0], args.hp[1], args.decode_tokens, args.prompt_tokens)
+    if problem:
+        p.error(problem)
     if args.hp_hold_ms is not None and (not args.scheduled or args.no_hp or not args.hp_hold_ms > 0):
         p.error("--hp-hold-ms wants --scheduled, a service thread (no --no-hp) and a time > 0")
     import torch
@@ -91,7 +92,8 @@ def main():
                 time.sleep(0.0005)
             results.update(fn(*work, go["at"], gate))
             if xt:
-                results[f"{kind}_gate"] = gate.stats()
+                # and which scheduler it was (the benchmark checks it against the tree it meant)
+                results[f"{kind}_gate"] = {**gate.stats(), "package": os.path.dirname(os.path.abspath(xt.__file__))}
 
     threads = []
     if not args.no_hp:

@@ -42,19 +42,39 @@ def generation(tokens):
     return generate
 
 
-def build_service(name, batch, decode_tokens=0, prompt_tokens=32):
-    """(model, input, request): a forward pass a request, or with `decode_tokens` a generation."""
+def build_service(name, batch, decode_tokens=0, prompt_tokens=None):
+    """(model, input, request): a forward pass a request, or with `decode_tokens` a generation.
+    Arguments as `check_service` passed them."""
     if not decode_tokens:
         return (*build(name, batch), forward_pass)
-    if name != "gpt2" or decode_tokens < 0 or not 0 < prompt_tokens + decode_tokens <= GPT2_TOKENS:
-        raise ValueError(f"--decode-tokens needs --model gpt2 and prompt + new tokens within 1..{GPT2_TOKENS}")
-    return (*build(name, batch, tokens=prompt_tokens), generation(decode_tokens))
+    return (*build(name, batch, tokens=prompt_tokens or PROMPT_TOKENS), generation(decode_tokens))
+
+
+PROMPT_TOKENS = 32
 
 
 def add_service_options(p):
     p.add_argument("--decode-tokens", type=int, default=0, metavar="N",
                    help="gpt2: a request generates N tokens (0: a request is one forward pass)")
-    p.add_argument("--prompt-tokens", type=int, default=32, help="gpt2 with --decode-tokens: the prompt's length")
+    p.add_argument("--prompt-tokens", type=int, metavar="N",
+                   help=f"with --decode-tokens: the prompt's length (default {PROMPT_TOKENS})")
+
+
+def check_service(name, batch, decode_tokens, prompt_tokens):
+    """Why these service options cannot run, or None (before any model is built)."""
+    if batch < 1:
+        return f"--batch must be at least 1, got {batch}"
+    if prompt_tokens is not None and not decode_tokens:
+        return "--prompt-tokens goes with --decode-tokens"
+    if not decode_tokens:
+        return None
+    prompt = PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
+    if name != "gpt2":
+        return "--decode-tokens needs the gpt2 model"
+    if decode_tokens < 1 or prompt < 1 or prompt + decode_tokens > GPT2_TOKENS:
+        return (f"--decode-tokens and --prompt-tokens must be at least 1 and add up to at most {GPT2_TOKENS} "
+                f"(got {decode_tokens} and {prompt})")
+    return None
 
 
 def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass):
@@ -81,10 +101,10 @@ def main():
     p.add_argument("--warmup-s", type=float, default=1.0)
     add_service_options(p)
     args = p.parse_args()
-    try:
-        model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
-    except ValueError as e:
-        p.error(str(e))
+    problem = check_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
+    if problem:
+        p.error(problem)
+    model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
     warm(model, x, request=request)
     start_at = wait_for_start()
     lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request)
