@@ -427,3 +427,17 @@ def test_the_exposure_guard_does_not_hold_lower_clients_in_a_gap_kept_open(torch
     assert hp._protecting or hp._busy_since is None         # guarded from its next request, or ended
     hp.close()
     lp.close()
+
+
+def test_a_request_that_begins_before_the_last_ones_work_is_done_counts_as_no_gap(torch_fake):
+    """The rule's history of gaps must see a client that comes straight back even when it beats the
+    watcher: otherwise only the gaps long enough for the watcher to see the work done are counted, and
+    the rule leans towards releasing."""
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10) as gate:
+        m = model(torch, "k", 1, 0.020)                # 20 ms of GPU work: still running at the next call
+        m(None)
+        m(None)
+        assert list(gate._gaps) == [0.0]
+    lp.close()

@@ -284,6 +284,8 @@ class Gate:
                     # (`now` may predate it: the watcher may have taken the lock first)
                     self._gaps.append(max(0.0, time.monotonic() - self._work_done_at))
                     self._work_done_at = None      # (a busy period kept open across this gap goes on)
+                elif self._busy_since is not None and self._open == 1:
+                    self._gaps.append(0.0)         # back before the GPU had done the last one: no gap at all
                 if self._busy_since is None:       # a new busy period: protect it, or not
                     self._busy_since = now
                     self._period += 1
