@@ -62,7 +62,7 @@ PY = sys.executable
 def commands(variant, pair, seconds, window_us=None):
     if variant.endswith("-baseline"):            # the same programs under another tree's scheduler, defaults
         return commands(variant.removesuffix("-baseline"), pair, seconds)
-    (hp_model, hp_batch, *_service), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
+    (hp_model, hp_batch, *_), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
     assert lp_mode in ([], ["train"]), pair
     train = bool(lp_mode)
     service_args = service_options(pair)
@@ -85,15 +85,20 @@ def commands(variant, pair, seconds, window_us=None):
     }[variant]
 
 
+def service(pair):
+    """(serve.py's options for the pair's requests, their rate per second)."""
+    _model, _batch, *name = PAIRS[pair][0]
+    return SERVICES[name[0]] if name else ([], DEFAULT_RATE)
+
+
 def rate(pair):
-    _model, _batch, *service = PAIRS[pair][0]
-    return SERVICES[service[0]][1] if service else DEFAULT_RATE
+    return service(pair)[1]
 
 
 def service_options(pair):
     """serve.py's (and pair_threads.py's) options for the pair's service: its requests, its rate."""
-    _model, _batch, *service = PAIRS[pair][0]
-    return (SERVICES[service[0]][0] if service else []) + ["--rate", f"{rate(pair):g}"]
+    options, per_s = service(pair)
+    return options + ["--rate", f"{per_s:g}"]
 
 
 def co_run_seconds(args, pair):

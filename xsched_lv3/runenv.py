@@ -33,11 +33,16 @@ def process_gate(recorder):
     return gate
 
 
+def report(gate):
+    """A client's scheduling stats and which xsched_lv3 scheduled it (benchmarks comparing two trees
+    check it)."""
+    return {**gate.stats(), "package": os.path.dirname(os.path.abspath(__file__))}
+
+
 def _write_report(path, gate):
-    """XSCHED_LV3_REPORT=FILE: the process's scheduling stats as JSON when it exits, and which
-    xsched_lv3 scheduled it (benchmarks comparing two trees check it)."""
+    """XSCHED_LV3_REPORT=FILE: the process's `report` as JSON when it exits."""
     try:
         with open(path, "w") as f:
-            json.dump({**gate.stats(), "package": os.path.dirname(os.path.abspath(__file__))}, f)
+            json.dump(report(gate), f)
     except OSError as e:
         print(f"xsched-lv3: cannot write report {path}: {e}", file=sys.stderr)

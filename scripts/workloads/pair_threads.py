@@ -59,6 +59,7 @@ def main():
     xt = None
     if args.scheduled:
         import xsched_lv3.pytorch as xt
+        from xsched_lv3 import runenv
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
         if xt:
@@ -92,8 +93,7 @@ def main():
                 time.sleep(0.0005)
             results.update(fn(*work, go["at"], gate))
             if xt:
-                # and which scheduler it was (the benchmark checks it against the tree it meant)
-                results[f"{kind}_gate"] = {**gate.stats(), "package": os.path.dirname(os.path.abspath(xt.__file__))}
+                results[f"{kind}_gate"] = runenv.report(gate)     # with which scheduler it was
 
     threads = []
     if not args.no_hp:

@@ -21,6 +21,8 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
 from models import GPT2_TOKENS, MODELS, build, wait_for_start  # noqa: E402
 
+PROMPT_TOKENS = 32               # --decode-tokens: the prompt's length unless --prompt-tokens says
+
 
 def forward_pass(model, x):
     """A request: one forward pass, its result on the CPU side."""
@@ -47,10 +49,11 @@ def build_service(name, batch, decode_tokens=0, prompt_tokens=None):
     Arguments as `check_service` passed them."""
     if not decode_tokens:
         return (*build(name, batch), forward_pass)
-    return (*build(name, batch, tokens=prompt_tokens or PROMPT_TOKENS), generation(decode_tokens))
+    return (*build(name, batch, tokens=_prompt(prompt_tokens)), generation(decode_tokens))
 
 
-PROMPT_TOKENS = 32
+def _prompt(prompt_tokens):
+    return PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
 
 
 def add_service_options(p):
@@ -68,7 +71,7 @@ def check_service(name, batch, decode_tokens, prompt_tokens):
         return "--prompt-tokens goes with --decode-tokens"
     if not decode_tokens:
         return None
-    prompt = PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
+    prompt = _prompt(prompt_tokens)
     if name != "gpt2":
         return "--decode-tokens needs the gpt2 model"
     if decode_tokens < 1 or prompt < 1 or prompt + decode_tokens > GPT2_TOKENS:
