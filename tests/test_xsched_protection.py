@@ -8,14 +8,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, MAX_PROBE_GAP, OUTLIERS_IGNORED,
-                                   OVERRUN_BUDGET, OVERRUN_WINDOW, PROBE_REQUESTS,
-                                   REFRESH_EVERY, Protection)
+from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, IGNORED_SHARE, MAX_PROBE_GAP,
+                                   PROBE_REQUESTS, REFRESH_EVERY, Protection)
 from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
 
 # a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic). Its slow
 # end (3 requests in 13) is part of the service, not a rare pause: the overrun bound leaves out only the
-# OUTLIERS_IGNORED slowest of the recent protected requests, so a slow mode as rare as that would count
+# slowest IGNORED_SHARE of the recent protected requests, so a slow mode as rare as that would count
 # as a pause (see the host-pause test)
 JITTER = [0.0, 0.3, -0.2, 0.1, 1.2, -0.1, 0.2, 1.4, -0.3, 0.0, 1.3, -0.2, 0.1]   # odd: both kinds see all
 
@@ -60,8 +59,8 @@ def test_a_lower_client_that_always_hurts_costs_one_exposed_request_a_probe():
 def test_host_pauses_among_the_protected_requests_do_not_make_a_harmful_lower_client_look_harmless():
     """Seen in the simulator on a jittery 16-CPU host: a 20 ms pause among the protected requests of a
     3 ms service made exposed requests of 23 ms (behind a batch job's kernels) count as harmless, and
-    the service ran at native latency. Pauses hit both kinds; up to OUTLIERS_IGNORED of them in the
-    baseline leave the verdict alone."""
+    the service ran at native latency. Pauses hit both kinds; up to IGNORED_SHARE of the protected
+    requests leave the verdict alone."""
     p = Protection(0.10)
     pauses = 0
     kinds = []
@@ -114,11 +113,47 @@ def test_a_rare_overrun_of_a_harmless_lower_client_does_not_end_the_exposure():
         p.finished(protected, latency(i, 5.0 if not protected and i % 100 == 0 else 0.0))
     assert p.exposing and p.overruns >= 15
     i = 2000
-    while p.exposing and i < 2000 + 2 * REFRESH_EVERY * (OVERRUN_BUDGET + 1):
+    while p.exposing and i < 2000 + 2 * REFRESH_EVERY:
         protected = p.protect_next()
         p.finished(protected, latency(i, 0.0 if protected else 5.0))
         i += 1
     assert not p.exposing
+
+
+def lognormal_runs(slowdown, spread=0.15, runs=20, requests=500):
+    """`runs` services of `requests` requests whose latencies spread like a real one's (log-normal,
+    P99 about 1.4x the median at 0.15), exposed ones `slowdown` times slower: the share exposed, and
+    each run's P99 against the P99 of the same draws with nothing exposed."""
+    import math
+    import random
+    shares, ratios = [], []
+    for seed in range(runs):
+        p, served, unexposed, exposed = Protection(0.10), [], [], 0
+        for i in range(requests):
+            protected = p.protect_next()
+            base = math.exp(random.Random(seed * 1_000_003 + i).gauss(0, spread))
+            served.append(base if protected else base * slowdown)
+            unexposed.append(base)
+            exposed += not protected
+            p.finished(protected, served[-1])
+        shares.append(exposed / requests)
+        ratios.append(sorted(served)[int(0.99 * requests) - 1] / sorted(unexposed)[int(0.99 * requests) - 1])
+    return sum(shares) / runs, sorted(ratios)[runs // 2]
+
+
+def test_a_lower_client_that_changes_nothing_is_exposed_despite_the_services_own_spread():
+    """The service's own spread makes an exposed request overrun now and then by chance, as often as
+    a protected one does. Judged against that rate, and by a bound from the latest 128 protected
+    requests, exposure lasts: before, the second overrun within 64 exposed requests ended it, and a
+    lower client that changed nothing was exposed for a third of such a service's requests (0.34 in
+    scripts/protection_montecarlo.py) against 0.57 now, of at most ~0.76."""
+    share, p99_ratio = lognormal_runs(1.0)
+    assert share > 0.45 and p99_ratio == 1.0
+
+
+def test_a_lower_client_that_slows_every_request_by_half_stays_held_with_the_services_own_spread():
+    share, p99_ratio = lognormal_runs(1.5)
+    assert share < 0.03 and p99_ratio < 1.05
 
 
 def test_requests_protected_while_exposing_cannot_make_the_verdict_confirm_itself():
@@ -130,7 +165,7 @@ def test_requests_protected_while_exposing_cannot_make_the_verdict_confirm_itsel
     serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
     assert p.exposing
     verdicts, exposed = [], 0
-    for i in range(3 * OVERRUN_WINDOW):
+    for i in range(192):
         protected = p.protect_next()
         exposed += not protected
         cost_ms = 10.0 if protected else (4.0 if exposed % 30 == 0 else 0.0)
@@ -146,7 +181,7 @@ def test_an_exposed_request_is_guarded_before_it_could_overrun():
     serve(p, 2 * BASELINE_REQUESTS, exposed_cost_ms=0.0)
     ordered = sorted(p.protected)
     assert p.guard_deadline_s() == pytest.approx(1.1 * ordered[int(0.9 * (len(ordered) - 1))])
-    assert p.guard_deadline_s() < p.overrun_bound_s() == pytest.approx(1.1 * ordered[-1 - OUTLIERS_IGNORED])
+    assert p.guard_deadline_s() < p.overrun_bound_s() == pytest.approx(1.1 * ordered[-1 - int(len(ordered) * IGNORED_SHARE)])
 
 
 def serve_shaped(protection, requests, exposed_ms):
@@ -207,8 +242,8 @@ def test_an_idle_lower_client_stops_being_held_once_the_probe_shows_it_costs_not
     # requests of ~20 ms and a wide slack: a loaded CI host's scheduling noise stays below it
     active_seen, stats = _requests(xt, torch, gpu, 10, n, kernel_s=0.005, latency_slack=0.5)
     assert stats["probes"] == 1
-    # exposed from the probe on, but for one in REFRESH_EVERY (the comparison), unless more than
-    # OVERRUN_BUDGET requests in 64 came out slower than the protected ones by the slack (host pauses)
+    # exposed from the probe on, but for one in REFRESH_EVERY (the comparison), unless overruns (host
+    # pauses) came closer together than the protected requests' own rate of them
     assert stats["exposed_requests"] >= PROBE_REQUESTS + 10, stats
     assert active_seen <= n - stats["exposed_requests"] + 1
     assert stats["exposing_on_board"] == stats["exposing"]     # what lower clients size their window by
@@ -303,7 +338,7 @@ def test_a_lower_client_that_slows_the_requests_stays_held(torch_fake):
     n = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 60
     with interfering_lower_client(xt, torch, 0.020) as interference:
         active_seen, stats = _requests(xt, torch, gpu, 10, n, interference=interference)
-    assert stats["probes"] == 1 and stats["overruns"] <= OVERRUN_BUDGET + 1, stats   # not left to overruns
+    assert stats["probes"] == 1 and stats["overruns"] <= 2, stats   # not left to overruns
     if stats["overruns"]:
         assert not stats["exposing"] and stats["exposed_requests"] < n // 4, stats
     else:
