@@ -7,8 +7,8 @@ A service's request latencies are drawn from a log-normal with spread `sigma` (a
 a P99 1.4x its median: a text generation on an H200 had 80 and 110 ms). An exposed request is slowed
 as a scenario says: multiplied by `h` (a lower client that slows every request), slowed only in its
 body but not its tail, hit by host pauses that hit protected ones too, harmful from halfway, slowed
-now and then. A rule is `xsched_lv3/protection.py` of this tree, or of another checkout
-(`--baseline DIR`): both are run on the very same draws.
+now and then, or harmful once the service got faster. A rule is `xsched_lv3/protection.py` of this
+tree, or of another checkout (`--baseline DIR`): both are run on the very same draws.
 
     python scripts/protection_montecarlo.py                      # this tree's rule, 40 runs a scenario
     python scripts/protection_montecarlo.py --baseline ../old --out results/diagnostics/x.json
@@ -63,6 +63,16 @@ def harmful_from_halfway(sigma, h):
     return lambda rng, i, n, exposed: math.exp(rng.gauss(0, sigma)) * (h if exposed and i > n // 2 else 1.0)
 
 
+def faster_then_harmful(sigma, h):
+    """The service gets twice as fast a third of the way in, and from then on the lower client slows
+    it by `h`: judged on the rest of the run (a baseline taken before the change is too loose)."""
+    def draw(rng, i, n, exposed):
+        later = i >= n // 3
+        return math.exp(rng.gauss(0, sigma)) * (0.5 if later else 1.0) * (h if exposed and later else 1.0)
+    draw.judged_from = 1 / 3
+    return draw
+
+
 def now_and_then(sigma, p, h):
     return lambda rng, i, n, exposed: math.exp(rng.gauss(0, sigma)) * (h if exposed and rng.random() < p else 1.0)
 
@@ -73,6 +83,7 @@ SCENARIOS = {
     **{f"pauses, slowed x{h}": with_pauses(0.1, h) for h in (1.0, 1.5)},
     **{f"harmful x{h} from halfway": harmful_from_halfway(0.1, h) for h in (1.5, 3.0)},
     **{f"x2 for {p:.0%} of requests": now_and_then(0.1, p, 2.0) for p in (0.02, 0.1)},
+    "2x faster at 1/3, then x1.5": faster_then_harmful(0.1, 1.5),
 }
 
 
@@ -91,7 +102,8 @@ def run(rule, draw, requests, seed):
         protection.finished(protected, latency)
         served.append(latency)
         exposed += not protected
-    return exposed / requests, p99(served) / p99(unexposed)
+    start = int(getattr(draw, "judged_from", 0) * requests)
+    return exposed / requests, p99(served[start:]) / p99(unexposed[start:])
 
 
 def main():

@@ -152,8 +152,44 @@ def test_a_lower_client_that_changes_nothing_is_exposed_despite_the_services_own
 
 
 def test_a_lower_client_that_slows_every_request_by_half_stays_held_with_the_services_own_spread():
+    """The other side of the rule above: judged against chance, a lower client that does hurt is not
+    let through (a rule that exposes too much fails here; strict priority would pass)."""
     share, p99_ratio = lognormal_runs(1.5)
     assert share < 0.03 and p99_ratio < 1.05
+
+
+def test_a_service_that_gets_faster_while_exposed_takes_its_baseline_again():
+    """A baseline taken before the service got twice as fast would let a lower client slow it by half
+    without an overrun. The requests still protected while exposing show the change (their median
+    below the baseline's by more than the slack): the baseline is taken again, and the probe after it
+    finds the lower client harmful."""
+    p = Protection(0.10)
+    serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
+    assert p.exposing
+    kinds = []
+    for i in range(1000):
+        protected = p.protect_next()
+        ms = (2.0 + JITTER[i % len(JITTER)]) / 2                # twice as fast from here ...
+        p.finished(protected, (ms * (1.0 if protected else 1.5)) / 1000)    # ... and slowed by half exposed
+        kinds.append(protected)
+    assert not p.exposing
+    assert kinds[200:].count(False) / 800 < 0.02               # held again after the new baseline's probe
+
+
+def test_the_guard_fires_before_the_bound_whatever_the_history():
+    """The guard protects an exposed request while it can still end within the overrun bound: its
+    deadline stays below the bound through exposures, new baselines and outliers."""
+    import random
+    rng = random.Random(5)
+    for harm in (1, 3):                                        # a lower client harmless, or now and then not
+        p = Protection(0.10)
+        for i in range(3000):
+            protected = p.protect_next()
+            scale = 1.0 if (i // 700) % 2 == 0 else 0.8        # the service changes speed now and then
+            slowed = 1 if protected else rng.choice([1, 1, 1, harm])
+            p.finished(protected, scale * rng.lognormvariate(0, 0.1) * slowed)
+            if len(p.protected) >= BASELINE_REQUESTS:
+                assert p.guard_deadline_s() <= p.overrun_bound_s()
 
 
 def test_requests_protected_while_exposing_cannot_make_the_verdict_confirm_itself():

@@ -31,13 +31,15 @@ A probe ends at its first overrun: that one request is the whole price of learni
 hurts, so probes cannot own the tail (9967c72 let a probe survive one overrun and an exposure four in
 64: in the simulator a harmful batch job then passed probes and stayed exposed at Lv1 through overruns
 of hundreds of ms). A probe without an overrun makes exposure the rule: one request in REFRESH_EVERY
-is still protected, to keep the comparison current (those may lower the bound, never raise it: lower
-clients queue more while exposed). A protected request overruns the bound now and then by chance
+is still protected, to keep the comparison current: they wait for what lower clients queue while
+exposed, so they never enter the bound, but where their median is faster than the baseline's by more
+than the slack, the service itself got faster and the baseline is taken again. A protected request overruns the bound now and then by chance
 (the service's own spread), so an exposed one may too: the protected requests compared with the
 bound count how often (`chance_rate`), and exposure ends when its overruns outrun that rate by more
-than EXCESS_OVERRUNS (a one-sided CUSUM reaching OVERRUN_ALARM): three overruns close together, or
-two where one overran by more than twice the slack (it counts twice), or a rate above chance kept
-up; not a chance overrun now and then. Under the rule before it (the second overrun within 64
+than EXCESS_OVERRUNS (a one-sided CUSUM: each overrun adds 1, or 2 if it ended past the bound by
+more than the slack, the sum loses the chance rate plus EXCESS_OVERRUNS with each exposed request,
+and OVERRUN_ALARM ends the exposure): three overruns within a few dozen exposed requests, or a large
+one and any other soon after, or a rate above chance kept up; not a chance overrun now and then. Under the rule before it (the second overrun within 64
 exposed requests, its bound from the latest 32) a lower client that changed nothing was exposed for
 0.34 of a 15 %-spread service's requests, against 0.56 now (`scripts/protection_montecarlo.py`).
 The median is not judged:
@@ -50,6 +52,7 @@ protected requests): a lower client that always hurts costs one exposed request 
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
+import statistics
 from collections import deque
 
 DEFAULT_LATENCY_SLACK = 0.10   # how much slower than the protected tail an exposed request may end
@@ -59,6 +62,7 @@ PROBE_REQUESTS = 8             # exposed requests in one probe
 FIRST_PROBE_GAP = 32           # protected requests between a failed probe and the next, first
 MAX_PROBE_GAP = 4096
 REFRESH_EVERY = 8              # while exposed, one request in this many is protected
+REFRESH_SAMPLE = 8             # ... and the latest this many of them are compared with the baseline
 # The share of the recent protected requests, the slowest, that the overrun bound leaves out (host
 # pauses, see above): the bound is about their 94th percentile, plus the slack.
 IGNORED_SHARE = 1 / 16
@@ -79,10 +83,11 @@ class Protection:
         # the latest protected latencies (s): recent, so a warm-up or an old phase soon leaves them
         self.protected = deque(maxlen=PROTECTED_HISTORY)
         # ... and those of the requests protected while exposing, apart: they wait for what lower
-        # clients queued under the exposure, so they may lower the bound (the service got faster),
-        # never raise it, or the verdict would confirm itself (seen in the simulator at 2b37327:
-        # exposed requests at native latency that never overran a bound these requests had raised)
-        self.refreshed = deque(maxlen=BASELINE_REQUESTS)
+        # clients queued under the exposure, so they never enter the bound, or the verdict would
+        # confirm itself (seen in the simulator at 2b37327: exposed requests at native latency that
+        # never overran a bound these requests had raised). They tell whether the service itself has
+        # got faster since its baseline (`_faster_than_baseline`), which would leave the bound too loose.
+        self.refreshed = deque(maxlen=REFRESH_SAMPLE)
         self._beyond, self._compared = CHANCE_PRIOR   # protected requests that overran the bound, of
         self._excess = 0.0                           # the CUSUM of exposed overruns beyond chance
         self.exposing = False                        # the verdict: lower clients are harmless
@@ -112,14 +117,18 @@ class Protection:
     def finished(self, protected, latency_s):
         """A request ended (its GPU work completed) `latency_s` after it began."""
         if protected:
+            self._until_probe -= 1
             if self.exposing:
                 self.refreshed.append(latency_s)
-            else:
-                if len(self.protected) >= BASELINE_REQUESTS:
-                    self._compared += 1
-                    self._beyond += latency_s > self.overrun_bound_s()
-                self.protected.append(latency_s)
-            self._until_probe -= 1
+                if self._faster_than_baseline():
+                    self._new_baseline()
+                return
+            if len(self.protected) >= BASELINE_REQUESTS and not self._probe_left:
+                # (not during a probe: these requests wait for what the exposed ones let lower
+                # clients queue, so they would count the lower clients' harm as chance)
+                self._compared += 1
+                self._beyond += latency_s > self.overrun_bound_s()
+            self.protected.append(latency_s)
             return
         self.exposed_requests += 1
         if not (self.exposing or self._probe_left):
@@ -132,8 +141,8 @@ class Protection:
             if not self._probe_left:
                 self._verdict(not overran)            # harmless: a probe without an overrun
             return
-        # an overrun by more than twice the slack counts twice: a service's own requests hardly ever
-        # do that, and one such request in a hundred sets the P99
+        # an overrun past the bound by more than the slack counts twice: a service's own requests
+        # hardly ever do that, and one such request in a hundred sets the P99
         weight = (2 if latency_s > (1 + self.slack) * bound else 1) if overran else 0
         self._excess = max(0.0, self._excess + weight - self.chance_rate() - EXCESS_OVERRUNS)
         if self._excess >= OVERRUN_ALARM:
@@ -147,10 +156,23 @@ class Protection:
     def overrun_bound_s(self):
         """An exposed request that ends later than this overran: slower than the recent protected
         requests but their slowest IGNORED_SHARE, by the slack."""
-        slowest = _slowest_counted(self.protected)
-        if len(self.refreshed) == self.refreshed.maxlen:
-            slowest = min(slowest, _slowest_counted(self.refreshed))
-        return (1 + self.slack) * slowest
+        return (1 + self.slack) * _slowest_counted(self.protected)
+
+    def _faster_than_baseline(self):
+        """The requests protected while exposing ended faster than the baseline by more than the
+        slack, at their median: the service itself got faster (smaller requests, a warm cache), and a
+        lower client could now slow it by that much without an overrun."""
+        if len(self.refreshed) < REFRESH_SAMPLE:
+            return False
+        return (1 + self.slack) * statistics.median(self.refreshed) < statistics.median(self.protected)
+
+    def _new_baseline(self):
+        """Forget the stale baseline: protected until a new one is taken, then a probe."""
+        self.protected.clear()
+        self._beyond, self._compared = CHANCE_PRIOR
+        self._verdict(False)
+        self._gap = FIRST_PROBE_GAP
+        self._until_probe = BASELINE_REQUESTS
 
     def guard_deadline_s(self):
         """How long an exposed request runs before the gate protects it after all: past the 90th
