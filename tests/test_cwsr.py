@@ -471,10 +471,11 @@ kfd = KfdDevice(runner.machine(sys.argv[2]).open_kfd())
 ptrace.seize(pid)                                   # rocgdb attaching to a process we already debug
 try:
     kfd.dbg_trap("ENABLE", pid, "enable", dbg_fd=kfd.fd, exception_mask=0)
-    print("enabled", flush=True)
+    answer = "enabled"
 except AlreadyDebugged:
-    print("EALREADY", flush=True)                   # it gives up, as ROCdbgapi does ...
-ptrace.detach(pid)                                  # ... and lets go
+    answer = "EALREADY"                             # it gives up, as ROCdbgapi does ...
+ptrace.detach(pid)                                  # ... and lets go, before it says so (the test
+print(answer, flush=True)                           # then attaches: not while this one still is)
 sys.stdin.readline()
 """
 

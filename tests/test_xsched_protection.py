@@ -103,21 +103,37 @@ def test_a_shift_of_the_tail_within_the_slack_is_harmless_and_beyond_it_is_not()
 
 
 def test_a_rare_overrun_of_a_harmless_lower_client_does_not_end_the_exposure():
-    """One exposed request in 100 beyond every protected one (a host hiccup, or a lower client that
-    rarely slows a request): exposure goes on; two close together end it."""
+    """One exposed request in 300 beyond every protected one by far (a host hiccup, or a lower client
+    that rarely slows a request): too rare to set the P99, exposure goes on; two close together end it."""
     p = Protection(0.10)
     serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
     assert p.exposing
-    for i in range(2000):
+    for i in range(3000):
         protected = p.protect_next()
-        p.finished(protected, latency(i, 5.0 if not protected and i % 100 == 0 else 0.0))
-    assert p.exposing and p.overruns >= 15
-    i = 2000
-    while p.exposing and i < 2000 + 2 * REFRESH_EVERY:
+        p.finished(protected, latency(i, 5.0 if not protected and i % 300 == 1 else 0.0))
+    assert p.exposing and p.overruns >= 8
+    i = 3000
+    while p.exposing and i < 3000 + 2 * REFRESH_EVERY:
         protected = p.protect_next()
         p.finished(protected, latency(i, 0.0 if protected else 5.0))
         i += 1
     assert not p.exposing
+
+
+def test_far_overruns_of_one_request_in_a_hundred_end_the_exposure():
+    """The same overruns once in 100 exposed requests: those would be the service's P99 (its slowest
+    1 %), so exposure ends, although they never come two within 64 (the rule before 1a7bafd let them)."""
+    p = Protection(0.10)
+    serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS, exposed_cost_ms=0.0)
+    assert p.exposing
+    exposed = 0
+    for i in range(1000):
+        protected = p.protect_next()
+        exposed += not protected
+        p.finished(protected, latency(i, 5.0 if not protected and exposed % 100 == 0 else 0.0))
+        if not p.exposing:
+            break
+    assert not p.exposing and exposed <= 300
 
 
 def lognormal_runs(slowdown, spread=0.15, runs=20, requests=500):

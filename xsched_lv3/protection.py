@@ -33,15 +33,20 @@ hurts, so probes cannot own the tail (9967c72 let a probe survive one overrun an
 of hundreds of ms). A probe without an overrun makes exposure the rule: one request in REFRESH_EVERY
 is still protected, to keep the comparison current: they wait for what lower clients queue while
 exposed, so they never enter the bound, but where their median is faster than the baseline's by more
-than the slack, the service itself got faster and the baseline is taken again. A protected request overruns the bound now and then by chance
-(the service's own spread), so an exposed one may too: the protected requests compared with the
-bound count how often (`chance_rate`), and exposure ends when its overruns outrun that rate by more
-than EXCESS_OVERRUNS (a one-sided CUSUM: each overrun adds 1, or 2 if it ended past the bound by
-more than the slack, the sum loses the chance rate plus EXCESS_OVERRUNS with each exposed request,
-and OVERRUN_ALARM ends the exposure): three overruns within a few dozen exposed requests, or a large
-one and any other soon after, or a rate above chance kept up; not a chance overrun now and then. Under the rule before it (the second overrun within 64
-exposed requests, its bound from the latest 32) a lower client that changed nothing was exposed for
-0.34 of a 15 %-spread service's requests, against 0.56 now (`scripts/protection_montecarlo.py`).
+than the slack, the service itself got faster and the baseline is taken again.
+
+A protected request overruns the bound now and then by chance (the service's own spread), so an
+exposed one may too: the protected requests compared with the bound count how often (`chance_rate`),
+and exposure ends when its overruns outrun that rate by more than EXCESS_OVERRUNS (a one-sided CUSUM:
+each overrun adds 1, each exposed request takes away the chance rate plus EXCESS_OVERRUNS, and
+OVERRUN_ALARM ends the exposure): three overruns within a few dozen exposed requests, or a rate above
+chance kept up; not a chance overrun now and then. Overruns *far* past the bound (by more than the
+slack again) are counted apart, against the protected requests' own rate of those, which is close to
+nothing: one far overrun in a hundred requests is the P99, so the second within about a hundred
+exposed requests ends the exposure (EXCESS_FAR_OVERRUNS, FAR_OVERRUN_ALARM). Under the rule before
+1a7bafd (the second overrun within 64 exposed requests, the bound from the latest 32) a lower client
+that changed nothing was exposed for 0.34 of a 15 %-spread service's requests, against 0.56 now
+(`scripts/protection_montecarlo.py`), and far overruns once in 100 requests seldom ended an exposure.
 The median is not judged:
 on an H100 a batch job next to a ResNet-18 service moved its median from 2.6 to 3.6 ms and its P99 by
 6 % (results/diagnostics/bench_two_models_processes_b16_h100_29b291b_r*.json); a median test held the
@@ -71,8 +76,15 @@ IGNORED_SHARE = 1 / 16
 # P99 is the slowest 1 % of the requests: an excess rate above that would set it.
 EXCESS_OVERRUNS = 0.01
 OVERRUN_ALARM = 2.0
+# ... and apart, the overruns past the bound by more than the slack, which a service's own requests
+# hardly ever make and which set a P99 where one request in a hundred does: beyond their own chance
+# rate by more than this they add up too, and exposure ends when they reach FAR_OVERRUN_ALARM (the
+# second within about a hundred exposed requests)
+EXCESS_FAR_OVERRUNS = 0.005
+FAR_OVERRUN_ALARM = 1.0
 # chance_rate before any protected request was compared with the bound: one in 32, worth 32 of them
 CHANCE_PRIOR = (1, 32)
+FAR_CHANCE_PRIOR = 0.25                 # ... and of a far one: one in 128
 
 
 class Protection:
@@ -89,7 +101,8 @@ class Protection:
         # got faster since its baseline (`_faster_than_baseline`), which would leave the bound too loose.
         self.refreshed = deque(maxlen=REFRESH_SAMPLE)
         self._beyond, self._compared = CHANCE_PRIOR   # protected requests that overran the bound, of
-        self._excess = 0.0                           # the CUSUM of exposed overruns beyond chance
+        self._far_beyond = FAR_CHANCE_PRIOR            # ... and that overran it by more than the slack
+        self._excess = self._far_excess = 0.0        # the CUSUMs of exposed overruns beyond chance
         self.exposing = False                        # the verdict: lower clients are harmless
         self._probe_left = 0                         # exposed requests still to run in this probe
         self._gap = FIRST_PROBE_GAP
@@ -126,8 +139,10 @@ class Protection:
             if len(self.protected) >= BASELINE_REQUESTS and not self._probe_left:
                 # (not during a probe: these requests wait for what the exposed ones let lower
                 # clients queue, so they would count the lower clients' harm as chance)
+                bound = self.overrun_bound_s()
                 self._compared += 1
-                self._beyond += latency_s > self.overrun_bound_s()
+                self._beyond += latency_s > bound
+                self._far_beyond += latency_s > (1 + self.slack) * bound
             self.protected.append(latency_s)
             return
         self.exposed_requests += 1
@@ -141,11 +156,11 @@ class Protection:
             if not self._probe_left:
                 self._verdict(not overran)            # harmless: a probe without an overrun
             return
-        # an overrun past the bound by more than the slack counts twice: a service's own requests
-        # hardly ever do that, and one such request in a hundred sets the P99
-        weight = (2 if latency_s > (1 + self.slack) * bound else 1) if overran else 0
-        self._excess = max(0.0, self._excess + weight - self.chance_rate() - EXCESS_OVERRUNS)
-        if self._excess >= OVERRUN_ALARM:
+        far = latency_s > (1 + self.slack) * bound
+        self._excess = max(0.0, self._excess + overran - self.chance_rate() - EXCESS_OVERRUNS)
+        self._far_excess = max(0.0, self._far_excess + far - self._far_beyond / self._compared
+                               - EXCESS_FAR_OVERRUNS)
+        if self._excess >= OVERRUN_ALARM or self._far_excess >= FAR_OVERRUN_ALARM:
             self._verdict(False)
 
     def chance_rate(self):
@@ -170,6 +185,7 @@ class Protection:
         """Forget the stale baseline: protected until a new one is taken, then a probe."""
         self.protected.clear()
         self._beyond, self._compared = CHANCE_PRIOR
+        self._far_beyond = FAR_CHANCE_PRIOR
         self._verdict(False)
         self._gap = FIRST_PROBE_GAP
         self._until_probe = BASELINE_REQUESTS
@@ -191,7 +207,7 @@ class Protection:
         if self.exposing or self._probe_left or self._gap > FIRST_PROBE_GAP:
             self.exposing, self._probe_left = False, 0
             self._gap = self._until_probe = FIRST_PROBE_GAP
-            self._excess = 0.0
+            self._excess = self._far_excess = 0.0
             self.refreshed.clear()
 
     def _verdict(self, harmless):
@@ -202,7 +218,7 @@ class Protection:
             self._gap = min(MAX_PROBE_GAP, self._gap * 4)
             self._until_probe = self._gap
         self._probe_left = 0
-        self._excess = 0.0
+        self._excess = self._far_excess = 0.0
         self.refreshed.clear()
 
     def stats(self):
