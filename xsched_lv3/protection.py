@@ -9,8 +9,10 @@ sees the harm, in its own request latency, so it decides per request:
     queues suspended (Lv3) until the request's GPU work completes;
   * **exposed**: it does not, and lower clients run on.
 
-It starts protected. After a warm-up and a baseline of protected requests it *probes*: up to
-PROBE_REQUESTS exposed requests, alternating with protected ones so both see the same load.
+It starts protected. After a warm-up (BASELINE_REQUESTS requests, not kept: caches, clocks, lazy
+set-up) and a baseline of as many protected requests it *probes*: up to PROBE_REQUESTS exposed
+requests, alternating with protected ones so both see the same load (those protected ones are not
+kept either: they wait for what the exposed ones let lower clients queue).
 
 What the slack bounds is the tail (a user judges a service by its P99), and it is guarded per request:
 an exposed request still running past the 90th percentile of the recent protected ones, plus the
@@ -23,17 +25,19 @@ requests alike, and one such pause among the protected ones must not blind the c
 plain maximum, a single 20 ms pause among the protected requests of a 3 ms service let exposed
 requests slowed to 23 ms (an LP's 8 ms kernels queued ahead of them, in the simulator on a 16-CPU
 host) count as harmless, and the service ran at native latency for the rest of the run. The bound
-comes from the latest PROTECTED_HISTORY protected requests: from 32, its quantile moved so much from
-one baseline to the next that a lower client that changed nothing overran it 1 to 8 % of the time,
-depending on the baseline it drew.
+comes from the latest PROTECTED_HISTORY protected requests (32 at the first probe, more as they come):
+from 32 only, its quantile moved so much from one baseline to the next that a lower client that
+changed nothing overran it 1 to 8 % of the time, depending on the baseline it drew.
 
 A probe ends at its first overrun: that one request is the whole price of learning that a lower client
 hurts, so probes cannot own the tail (9967c72 let a probe survive one overrun and an exposure four in
 64: in the simulator a harmful batch job then passed probes and stayed exposed at Lv1 through overruns
 of hundreds of ms). A probe without an overrun makes exposure the rule: one request in REFRESH_EVERY
-is still protected, to keep the comparison current: they wait for what lower clients queue while
-exposed, so they never enter the bound, but where their median is faster than the baseline's by more
-than the slack, the service itself got faster and the baseline is taken again.
+is still protected, to keep the comparison current. They join the history, so that stragglers of a
+warm-up and an old phase age out of it, but they wait for what lower clients queue while exposed, so
+until the next verdict the bound and the guard's deadline may fall with them, never rise above where
+the verdict found them. Where the latest REFRESH_SAMPLE of them all end faster than the baseline's
+fastest quarter, the service itself got faster and the baseline is taken again.
 
 A protected request overruns the bound now and then by chance (the service's own spread), so an
 exposed one may too: the protected requests compared with the bound count how often (`chance_rate`),
@@ -41,11 +45,12 @@ and exposure ends when its overruns outrun that rate by more than EXCESS_OVERRUN
 each overrun adds 1, each exposed request takes away the chance rate plus EXCESS_OVERRUNS, and
 OVERRUN_ALARM ends the exposure): three overruns within a few dozen exposed requests, or a rate above
 chance kept up; not a chance overrun now and then. Overruns *far* past the bound (by more than the
-slack again) are counted apart, against the protected requests' own rate of those, which is close to
-nothing: one far overrun in a hundred requests is the P99, so the second within about a hundred
-exposed requests ends the exposure (EXCESS_FAR_OVERRUNS, FAR_OVERRUN_ALARM). Under the rule before
+slack again) are counted apart, against the protected requests' own rate of those (0.3 % at a 15 %
+spread, 1.5 % at 30 %): one far overrun in a hundred requests is the P99, so the second within 50 to
+110 exposed requests, depending on that rate, ends the exposure (EXCESS_FAR_OVERRUNS,
+FAR_OVERRUN_ALARM). Under the rule before
 1a7bafd (the second overrun within 64 exposed requests, the bound from the latest 32) a lower client
-that changed nothing was exposed for 0.34 of a 15 %-spread service's requests, against 0.56 now
+that changed nothing was exposed for 0.34 of a 15 %-spread service's requests, against 0.53 now
 (`scripts/protection_montecarlo.py`), and far overruns once in 100 requests seldom ended an exposure.
 The median is not judged:
 on an H100 a batch job next to a ResNet-18 service moved its median from 2.6 to 3.6 ms and its P99 by
@@ -57,7 +62,6 @@ protected requests): a lower client that always hurts costs one exposed request 
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
-import statistics
 from collections import deque
 
 DEFAULT_LATENCY_SLACK = 0.10   # how much slower than the protected tail an exposed request may end
@@ -77,14 +81,13 @@ IGNORED_SHARE = 1 / 16
 EXCESS_OVERRUNS = 0.01
 OVERRUN_ALARM = 2.0
 # ... and apart, the overruns past the bound by more than the slack, which a service's own requests
-# hardly ever make and which set a P99 where one request in a hundred does: beyond their own chance
-# rate by more than this they add up too, and exposure ends when they reach FAR_OVERRUN_ALARM (the
-# second within about a hundred exposed requests)
+# seldom make and which set a P99 where one request in a hundred does: beyond their own chance rate
+# by more than this they add up too, and exposure ends when they reach FAR_OVERRUN_ALARM
 EXCESS_FAR_OVERRUNS = 0.005
 FAR_OVERRUN_ALARM = 1.0
 # chance_rate before any protected request was compared with the bound: one in 32, worth 32 of them
 CHANCE_PRIOR = (1, 32)
-FAR_CHANCE_PRIOR = 0.25                 # ... and of a far one: one in 128
+FAR_CHANCE_PRIOR = 0.125                # ... and of a far one: one in 256
 
 
 class Protection:
@@ -94,11 +97,14 @@ class Protection:
         self.slack = slack
         # the latest protected latencies (s): recent, so a warm-up or an old phase soon leaves them
         self.protected = deque(maxlen=PROTECTED_HISTORY)
-        # ... and those of the requests protected while exposing, apart: they wait for what lower
-        # clients queued under the exposure, so they never enter the bound, or the verdict would
-        # confirm itself (seen in the simulator at 2b37327: exposed requests at native latency that
-        # never overran a bound these requests had raised). They tell whether the service itself has
-        # got faster since its baseline (`_faster_than_baseline`), which would leave the bound too loose.
+        # The requests protected while exposing wait for what lower clients queued under the
+        # exposure: they join the history (warm-up stragglers and an old phase age out), but while
+        # exposing, the bound and the guard's deadline stay at most where the verdict found them, or
+        # the verdict would confirm itself (seen in the simulator at 2b37327: exposed requests at
+        # native latency that never overran a bound these requests had raised) ...
+        self._capped_at = (float("inf"), float("inf"))   # (bound, guard deadline) at the last verdict
+        # ... and the latest of them tell whether the service itself got faster since its baseline
+        # (`_faster_than_baseline`), which would leave the bound too loose for long
         self.refreshed = deque(maxlen=REFRESH_SAMPLE)
         self._beyond, self._compared = CHANCE_PRIOR   # protected requests that overran the bound, of
         self._far_beyond = FAR_CHANCE_PRIOR            # ... and that overran it by more than the slack
@@ -106,11 +112,13 @@ class Protection:
         self.exposing = False                        # the verdict: lower clients are harmless
         self._probe_left = 0                         # exposed requests still to run in this probe
         self._gap = FIRST_PROBE_GAP
-        self._until_probe = 2 * BASELINE_REQUESTS         # the first ones warm up (caches, clocks, a queue)
+        self._warming_up = BASELINE_REQUESTS         # the first ones warm up (caches, clocks, a queue) ...
+        self._until_probe = 2 * BASELINE_REQUESTS         # ... and are not part of the baseline
         self._turn = 0
         self.probes = 0                              # for reports
         self.exposed_requests = 0
         self.overruns = 0
+        self.new_baselines = 0
 
     def protect_next(self):
         """Whether the request starting now is protected."""
@@ -131,14 +139,23 @@ class Protection:
         """A request ended (its GPU work completed) `latency_s` after it began."""
         if protected:
             self._until_probe -= 1
+            if self._warming_up:
+                self._warming_up -= 1
+                return
             if self.exposing:
+                # kept current, so that warm-up stragglers and an old phase age out of the baseline;
+                # but while exposing the references are capped where the verdict found them (they may
+                # fall, never rise: these requests wait for what lower clients queue meanwhile)
                 self.refreshed.append(latency_s)
+                self.protected.append(latency_s)
                 if self._faster_than_baseline():
                     self._new_baseline()
                 return
-            if len(self.protected) >= BASELINE_REQUESTS and not self._probe_left:
-                # (not during a probe: these requests wait for what the exposed ones let lower
-                # clients queue, so they would count the lower clients' harm as chance)
+            if self._probe_left:
+                # these wait for what the exposed requests between them let lower clients queue:
+                # counted in the baseline, they would take the lower clients' harm for the service's
+                return
+            if len(self.protected) >= BASELINE_REQUESTS:
                 bound = self.overrun_bound_s()
                 self._compared += 1
                 self._beyond += latency_s > bound
@@ -171,18 +188,24 @@ class Protection:
     def overrun_bound_s(self):
         """An exposed request that ends later than this overran: slower than the recent protected
         requests but their slowest IGNORED_SHARE, by the slack."""
-        return (1 + self.slack) * _slowest_counted(self.protected)
+        bound = (1 + self.slack) * _slowest_counted(self.protected)
+        return min(bound, self._capped_at[0]) if self.exposing else bound
 
     def _faster_than_baseline(self):
-        """The requests protected while exposing ended faster than the baseline by more than the
-        slack, at their median: the service itself got faster (smaller requests, a warm cache), and a
-        lower client could now slow it by that much without an overrun."""
+        """Every one of the latest REFRESH_SAMPLE requests protected while exposing ended faster than
+        the baseline's fastest quarter: the service itself got faster (smaller requests, a warm cache),
+        and a lower client could now slow it without an overrun. By chance that happens once in 4**8
+        (whatever the service's spread: a comparison of medians with a margin fired several times a
+        run for a service with a 15 % spread); for a service twice as fast at a 30 % spread, in two
+        of three windows."""
         if len(self.refreshed) < REFRESH_SAMPLE:
             return False
-        return (1 + self.slack) * statistics.median(self.refreshed) < statistics.median(self.protected)
+        ordered = sorted(self.protected)
+        return max(self.refreshed) < ordered[len(ordered) // 4]
 
     def _new_baseline(self):
         """Forget the stale baseline: protected until a new one is taken, then a probe."""
+        self.new_baselines += 1
         self.protected.clear()
         self._beyond, self._compared = CHANCE_PRIOR
         self._far_beyond = FAR_CHANCE_PRIOR
@@ -198,7 +221,8 @@ class Protection:
         if not self.protected:
             return float("inf")
         ordered = sorted(self.protected)
-        return (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
+        deadline = (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
+        return min(deadline, self._capped_at[1]) if self.exposing else deadline
 
     def new_company(self):
         """A lower client joined: a verdict about the others says nothing about it. Protected from
@@ -212,6 +236,7 @@ class Protection:
 
     def _verdict(self, harmless):
         if harmless:
+            self._capped_at = (self.overrun_bound_s(), self.guard_deadline_s())
             self.exposing, self._gap = True, FIRST_PROBE_GAP
         else:                                         # also when an exposure turned harmful: no flapping
             self.exposing = False
@@ -223,7 +248,8 @@ class Protection:
 
     def stats(self):
         return {"latency_slack": self.slack, "exposing": self.exposing, "probes": self.probes,
-                "exposed_requests": self.exposed_requests, "overruns": self.overruns}
+                "exposed_requests": self.exposed_requests, "overruns": self.overruns,
+                "new_baselines": self.new_baselines}
 
 
 def _slowest_counted(latencies):
