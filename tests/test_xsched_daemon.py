@@ -290,3 +290,22 @@ def test_status_json_stays_json_when_the_board_holds_a_nan(tmp_path):
     doc = json.loads(out.stdout, parse_constant=refuse)
     assert [c["held_s"] for c in doc["clients"] if c["pid"] == os.getpid()] == [None]
     board.release(slot, os.getpid())
+
+
+def test_status_says_which_service_lets_lower_clients_run_beside_it(tmp_path):
+    """A service whose protection found its lower clients harmless does not mark itself active: it
+    shows as exposing, not idle (it may be busy), so an admin sees why the batch job is not held."""
+    from xsched_lv3.board import Board
+    env = {**os.environ, "XSCHED_LV3_BOARD": str(tmp_path / "board")}
+    board = Board(str(tmp_path / "board"))
+    service = board.allocate(os.getpid(), 10, 1, 0)
+    batch = board.allocate(os.getpid(), 0, 2, 0)
+    board.write(service, exposing=1, announce=False)
+    out = xsched("status", env=env)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[1]: line.split()[5] for line in out.stdout.splitlines()[2:]}
+    assert rows == {"1": "exposing", "2": "idle"}
+    doc = json.loads(xsched("status", "--json", env=env).stdout)
+    assert sorted(c["exposing"] for c in doc["clients"]) == [False, True]
+    for slot in (service, batch):
+        board.release(slot, os.getpid())

@@ -255,7 +255,8 @@ class Board:
         """What `xsched-lv3 status` shows of a slot from the board alone (the daemon adds the
         level, why, and its suspend counts)."""
         return {"slot": index, "pid": s.pid, "tid": s.tid, "priority": s.priority, "device": s.device,
-                "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "attached": bool(s.attached)}
+                "active": bool(s.active), "held": bool(s.held), "held_s": s.held_s, "attached": bool(s.attached),
+                "exposing": bool(s.exposing)}
 
     def reap(self):
         """Release slots of processes that died (their queues are gone with them)."""

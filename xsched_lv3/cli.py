@@ -283,7 +283,10 @@ def cmd_status(args):
     print(f"{'PID':>8} {'TID':>8} {'PRIO':>5} {'DEVICE':>10} {'LEVEL':>5} {'STATE':<9} {'SUSPENDS':>8} "
           f"{'SUSP_S':>8} {'HELD_S':>8}  WHY")
     for c in clients:
-        state = "suspended" if c["suspended"] else "held" if c["held"] else "running" if c["active"] else "idle"
+        # exposing: its protection found that lower clients do not endanger it, so it lets them run
+        # beside its requests (it is not marked active then, busy or not)
+        state = "suspended" if c["suspended"] else "held" if c["held"] else "running" if c["active"] else \
+            "exposing" if c.get("exposing") else "idle"
         tid = "attached" if c.get("attached") else c["tid"] or "-"
         print(f"{c['pid']:>8} {tid:>8} {c['priority']:>5} {c['device'] or '-':>10} "
               f"{'Lv' + str(c['level']):>5} {state:<9} {c['suspends']:>8} {c['suspended_s']:>8.3f} "
