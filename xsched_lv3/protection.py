@@ -48,17 +48,17 @@ chance kept up; not a chance overrun now and then. Overruns *far* past the bound
 slack again) are counted apart, against the protected requests' own rate of those (0.3 % at a 15 %
 spread, 1.5 % at 30 %): one far overrun in a hundred requests is the P99, so the second within 50 to
 110 exposed requests, depending on that rate, ends the exposure (EXCESS_FAR_OVERRUNS,
-FAR_OVERRUN_ALARM). Under the rule before
-1a7bafd (the second overrun within 64 exposed requests, the bound from the latest 32) a lower client
-that changed nothing was exposed for 0.34 of a 15 %-spread service's requests, against 0.57 now
-(`scripts/protection_montecarlo.py`), and far overruns once in 100 requests seldom ended an exposure.
-The median is not judged:
-on an H100 a batch job next to a ResNet-18 service moved its median from 2.6 to 3.6 ms and its P99 by
-6 % (results/diagnostics/bench_two_models_processes_b16_h100_29b291b_r*.json); a median test held the
-batch job back for the whole run and cost it 15 % for a tail that did not need it. After a harmful
-verdict the next probe waits four times longer (FIRST_PROBE_GAP x 4, x 16, ... up to MAX_PROBE_GAP
-protected requests): a lower client that always hurts costs one exposed request after 64, 128, 512,
-2048 and then every 4096 protected requests.
+FAR_OVERRUN_ALARM). Under the rule before 1a7bafd (the second overrun within 64 exposed requests, the
+bound from the latest 32) a lower client that changed nothing was exposed for 0.34 of a 15 %-spread
+service's requests, against 0.57 now (`scripts/protection_montecarlo.py`), and far overruns once in
+100 requests seldom ended an exposure.
+
+The median is not judged: on an H100 a batch job next to a ResNet-18 service moved its median from
+2.6 to 3.6 ms and its P99 by 6 % (results/diagnostics/bench_two_models_processes_b16_h100_29b291b_r*.json);
+a median test held the batch job back for the whole run and cost it 15 % for a tail that did not need
+it. After a harmful verdict the next probe waits four times longer (FIRST_PROBE_GAP x 4, x 16, ... up
+to MAX_PROBE_GAP protected requests): a lower client that always hurts costs one exposed request after
+64, 128, 512, 2048 and then every 4096 protected requests.
 
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
