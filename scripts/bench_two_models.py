@@ -6,7 +6,7 @@ imports. Variants, all measured in one run on one GPU:
 
   hp-alone, lp-alone      each program by itself
   lp-alone-xsched         the batch job alone under `xsched-lv3 run` (default options): its overhead
-  native                  both programs at once, no scheduler
+  native                  both programs at once, no scheduler (left out with --no-native)
   xsched                  `xsched-lv3 run --priority 10 -- python serve.py ...` next to
                           `xsched-lv3 run -- python batch.py ...`: default options everywhere
   native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
@@ -22,6 +22,8 @@ alone, and every ratio is against the same run's baselines.
 
     python scripts/bench_two_models.py --modes processes --rep 1      # one repetition, ~6 min on an H200
     python scripts/bench_two_models.py --table results/bench_two_models_*.json   # the README table
+    python scripts/bench_two_models.py --modes processes --pairs gpt2gen8-r50b64 --baseline /abs/old \
+        --no-native --alone-seconds 8 --overhead-reps 1          # an A/B of two schedulers, ~7 min
 
 Results: results/bench_two_models_<modes>_r<rep>.json (git revision, dirty flag, command, card,
 CPU count in each).
@@ -152,13 +154,20 @@ def measure(args, doc):
                 if args.baseline:
                     run("lp-alone-xsched-baseline", pair, args.alone_seconds)
         for mode in args.modes:
-            variants = ["native", "xsched"] if mode == "processes" else ["native-threads", "xsched-threads"]
-            if args.strict:
-                variants.append(variants[-1] + "-strict")
-            if args.baseline:
-                variants.insert(1, variants[1] + "-baseline")     # interleaved: native, baseline, this tree
-            for variant in variants:
+            for variant in co_run_variants(mode, args):
                 run(variant, pair, seconds)
+
+
+def co_run_variants(mode, args):
+    """The co-runs of one mode, in the order they run."""
+    scheduled = "xsched" if mode == "processes" else "xsched-threads"
+    variants = [] if args.no_native else ["native" if mode == "processes" else "native-threads"]
+    if args.baseline:
+        variants.append(scheduled + "-baseline")           # interleaved: native, baseline, this tree
+    variants.append(scheduled)
+    if args.strict:
+        variants.append(scheduled + "-strict")
+    return variants
 
 
 def ratios(doc):
@@ -242,12 +251,17 @@ def main():
     p.add_argument("--baseline", metavar="CHECKOUT",
                    help="another release's tree: its scheduler also runs the pair (xsched-baseline, "
                         "xsched-threads-baseline) and, in processes mode, the LP alone (A/B/C)")
+    p.add_argument("--no-native", action="store_true",
+                   help="skip the unscheduled co-run (an A/B of two schedulers with --baseline: a pair's run "
+                        "then fits one device call)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out", help="results file (default results/bench_two_models_<modes>_r<rep>.json)")
     p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the README table of these results")
     args = p.parse_args()
+    if args.no_native and not (args.baseline or args.strict):
+        p.error("--no-native leaves a single co-run: give --baseline CHECKOUT or --strict to compare it with")
     if args.table:
         print(table(args.table), end="")
         return

@@ -82,3 +82,19 @@ def test_the_report_of_a_scheduled_process_names_its_package(tmp_path):
     runenv._write_report(tmp_path / "report.json", Gate())
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["requests"] == 3 and Path(report["package"]) == REPO / "xsched_lv3"
+
+
+def test_an_ab_of_two_schedulers_can_leave_out_the_unscheduled_co_run():
+    """`--no-native` (a pair's A/B then fits one device call): the baseline's run still comes before
+    this tree's, and without anything to compare it with the option is refused."""
+    import subprocess
+    from argparse import Namespace
+    import bench_two_models
+    args = Namespace(no_native=True, baseline="/some/tree", strict=False)
+    assert bench_two_models.co_run_variants("processes", args) == ["xsched-baseline", "xsched"]
+    args.no_native = False
+    assert bench_two_models.co_run_variants("threads", args) == ["native-threads", "xsched-threads-baseline",
+                                                                 "xsched-threads"]
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_two_models.py"), "--no-native"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--no-native leaves a single co-run" in out.stderr
