@@ -22,8 +22,7 @@ alone, and every ratio is against the same run's baselines.
 
     python scripts/bench_two_models.py --modes processes --rep 1      # one repetition, ~6 min on an H200
     python scripts/bench_two_models.py --table results/bench_two_models_*.json   # the README table
-    python scripts/bench_two_models.py --modes processes --pairs gpt2gen8-r50b64 --baseline /abs/old \
-        --no-native --alone-seconds 8 --overhead-reps 1          # an A/B of two schedulers, ~7 min
+    python scripts/bench_two_models.py --pairs r18b4-r50b64 --baseline /abs/old --no-native   # scheduler A/B
 
 Results: results/bench_two_models_<modes>_r<rep>.json (git revision, dirty flag, command, card,
 CPU count in each).
