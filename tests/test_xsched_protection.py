@@ -208,6 +208,24 @@ def test_warm_up_stragglers_do_not_loosen_the_bound_for_good():
         assert exposed / 5000 < 0.01 and not p.exposing
 
 
+def test_a_warm_up_longer_than_the_one_skipped_does_not_loosen_the_bound():
+    """40 to 60 requests 3x slow at the start: the first 32 are skipped, and the rest would have made
+    the baseline's bound (a third review: a lower client that slowed every request 2x then stayed
+    exposed for ~15 % of 5,000 requests). The older half of the baseline slower than the newer
+    postpones the probe (40, 48); a baseline mostly of stragglers is found stale once the requests
+    protected while exposing all end below its lower quartile (56, 60)."""
+    import math
+    import random
+    for slow in (40, 48, 56, 60):
+        rng, p, exposed = random.Random(slow), Protection(0.10), 0
+        for i in range(5000):
+            protected = p.protect_next()
+            exposed += not protected
+            base = math.exp(rng.gauss(0, 0.15)) * (3 if i < slow else 1)
+            p.finished(protected, base * (1 if protected else 2))
+        assert exposed / 5000 < 0.03 and not p.exposing, slow
+
+
 def test_a_steady_service_is_not_taken_for_one_that_got_faster():
     """Only a service that really got faster takes a new baseline: a median of eight compared with a
     margin did so several times a run at a 15 % spread; all eight below the baseline's fastest

@@ -12,7 +12,8 @@ sees the harm, in its own request latency, so it decides per request:
 It starts protected. After a warm-up (BASELINE_REQUESTS requests, not kept: caches, clocks, lazy
 set-up) and a baseline of as many protected requests it *probes*: up to PROBE_REQUESTS exposed
 requests, alternating with protected ones so both see the same load (those protected ones are not
-kept either: they wait for what the exposed ones let lower clients queue).
+kept either: they wait for what the exposed ones let lower clients queue). A baseline whose older half
+is still much slower than its newer half (a longer warm-up) postpones the probe (`_settled`).
 
 What the slack bounds is the tail (a user judges a service by its P99), and it is guarded per request:
 an exposed request still running past the 90th percentile of the recent protected ones, plus the
@@ -36,8 +37,9 @@ of hundreds of ms). A probe without an overrun makes exposure the rule: one requ
 is still protected, to keep the comparison current. They join the history, so that stragglers of a
 warm-up and an old phase age out of it, but they wait for what lower clients queue while exposed, so
 until the next verdict the bound and the guard's deadline may fall with them, never rise above where
-the verdict found them. Where the latest REFRESH_SAMPLE of them all end faster than the baseline's
-fastest quarter, the service itself got faster and the baseline is taken again.
+the verdict found them. Where the latest REFRESH_SAMPLE of them all end faster than the fastest
+quarter of the baseline the verdict was judged by, the service itself got faster (or that baseline
+was mostly warm-up stragglers) and the baseline is taken again.
 
 A protected request overruns the bound now and then by chance (the service's own spread), so an
 exposed one may too: the protected requests compared with the bound count how often (`chance_rate`),
@@ -72,6 +74,9 @@ FIRST_PROBE_GAP = 32           # protected requests between a failed probe and t
 MAX_PROBE_GAP = 4096
 REFRESH_EVERY = 8              # while exposed, one request in this many is protected
 REFRESH_SAMPLE = 8             # ... and the latest this many of them are compared with the baseline
+# A baseline whose older half is slower than its newer half by this much (75th percentiles) is still
+# warming up (`_settled`): 2x-slow stragglers are caught, a 30 %-spread service's chance differences are not
+WARMING_UP_RATIO = 1.5
 # The share of the recent protected requests, the slowest, that the overrun bound leaves out (host
 # pauses, see above): the bound is about their 94th percentile, plus the slack.
 IGNORED_SHARE = 1 / 16
@@ -102,7 +107,8 @@ class Protection:
         # exposing, the bound and the guard's deadline stay at most where the verdict found them, or
         # the verdict would confirm itself (seen in the simulator at 2b37327: exposed requests at
         # native latency that never overran a bound these requests had raised) ...
-        self._capped_at = (float("inf"), float("inf"))   # (bound, guard deadline) at the last verdict
+        # (bound, guard deadline, the baseline's lower quartile) at the last verdict
+        self._capped_at = (float("inf"), float("inf"), 0.0)
         # ... and the latest of them tell whether the service itself got faster since its baseline
         # (`_faster_than_baseline`), which would leave the bound too loose for long
         self.refreshed = deque(maxlen=REFRESH_SAMPLE)
@@ -130,10 +136,30 @@ class Protection:
         if self._probe_left:
             return self._turn % 2 == 0               # alternate: both kinds see the same load
         if self._until_probe <= 0 and len(self.protected) >= BASELINE_REQUESTS:
+            if not self._settled():
+                return True
             self._probe_left, self._turn = PROBE_REQUESTS, 1
             self.probes += 1
             return False
         return True
+
+    def _settled(self):
+        """Whether the service has settled: the older half of the latest BASELINE_REQUESTS protected
+        requests is not slower than the newer half, at their 75th percentiles, by WARMING_UP_RATIO. A
+        warm-up that outlasts the first BASELINE_REQUESTS leaves stragglers in the baseline that would
+        loosen the bound for as long as they stay in the history (a lower client that slowed every
+        request 2x stayed exposed for ~15 % of 5,000 requests after 40 requests 3x slow). If not, the
+        older ones are dropped and the question is asked again once as many new ones came."""
+        latest = list(self.protected)[-BASELINE_REQUESTS:]
+        half = BASELINE_REQUESTS // 2
+        older, newer = sorted(latest[:half]), sorted(latest[half:])
+        if older[3 * half // 4] <= WARMING_UP_RATIO * newer[3 * half // 4]:
+            return True
+        self.protected = deque(latest[half:], maxlen=PROTECTED_HISTORY)
+        self._beyond, self._compared = CHANCE_PRIOR
+        self._far_beyond = FAR_CHANCE_PRIOR
+        self._until_probe = half
+        return False
 
     def finished(self, protected, latency_s):
         """A request ended (its GPU work completed) `latency_s` after it began."""
@@ -198,10 +224,7 @@ class Protection:
         (whatever the service's spread: a comparison of medians with a margin fired several times a
         run for a service with a 15 % spread); for a service twice as fast at a 30 % spread, in two
         of three windows."""
-        if len(self.refreshed) < REFRESH_SAMPLE:
-            return False
-        ordered = sorted(self.protected)
-        return max(self.refreshed) < ordered[len(ordered) // 4]
+        return len(self.refreshed) == REFRESH_SAMPLE and max(self.refreshed) < self._capped_at[2]
 
     def _new_baseline(self):
         """Forget the stale baseline: protected until a new one is taken, then a probe."""
@@ -236,7 +259,8 @@ class Protection:
 
     def _verdict(self, harmless):
         if harmless:
-            self._capped_at = (self.overrun_bound_s(), self.guard_deadline_s())
+            ordered = sorted(self.protected) or [0.0]
+            self._capped_at = (self.overrun_bound_s(), self.guard_deadline_s(), ordered[len(ordered) // 4])
             self.exposing, self._gap = True, FIRST_PROBE_GAP
         else:                                         # also when an exposure turned harmful: no flapping
             self.exposing = False
