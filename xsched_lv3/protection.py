@@ -65,6 +65,7 @@ to MAX_PROBE_GAP protected requests): a lower client that always hurts costs one
 `slack` = 0 turns probing off (strict priority: every request protected).
 """
 from collections import deque
+from typing import NamedTuple
 
 DEFAULT_LATENCY_SLACK = 0.10   # how much slower than the protected tail an exposed request may end
 BASELINE_REQUESTS = 32         # protected requests before the first probe
@@ -95,6 +96,17 @@ CHANCE_PRIOR = (1, 32)
 FAR_CHANCE_PRIOR = 0.125                # ... and of a far one: one in 256
 
 
+class _Verdict(NamedTuple):
+    """What the latest harmless verdict was judged by: while exposing, the bound and the guard's
+    deadline stay at most there, and `lower_quartile` tells a service that got faster."""
+    bound_s: float
+    guard_deadline_s: float
+    lower_quartile_s: float
+
+
+NO_VERDICT = _Verdict(float("inf"), float("inf"), 0.0)
+
+
 class Protection:
     def __init__(self, slack=DEFAULT_LATENCY_SLACK):
         if not 0 <= slack < float("inf"):
@@ -107,13 +119,11 @@ class Protection:
         # exposing, the bound and the guard's deadline stay at most where the verdict found them, or
         # the verdict would confirm itself (seen in the simulator at 2b37327: exposed requests at
         # native latency that never overran a bound these requests had raised) ...
-        # (bound, guard deadline, the baseline's lower quartile) at the last verdict
-        self._capped_at = (float("inf"), float("inf"), 0.0)
+        self._verdict_at = NO_VERDICT
         # ... and the latest of them tell whether the service itself got faster since its baseline
         # (`_faster_than_baseline`), which would leave the bound too loose for long
         self.refreshed = deque(maxlen=REFRESH_SAMPLE)
-        self._beyond, self._compared = CHANCE_PRIOR   # protected requests that overran the bound, of
-        self._far_beyond = FAR_CHANCE_PRIOR            # ... and that overran it by more than the slack
+        self._forget_chance()
         self._excess = self._far_excess = 0.0        # the CUSUMs of exposed overruns beyond chance
         self.exposing = False                        # the verdict: lower clients are harmless
         self._probe_left = 0                         # exposed requests still to run in this probe
@@ -156,8 +166,7 @@ class Protection:
         if older[3 * half // 4] <= WARMING_UP_RATIO * newer[3 * half // 4]:
             return True
         self.protected = deque(latest[half:], maxlen=PROTECTED_HISTORY)
-        self._beyond, self._compared = CHANCE_PRIOR
-        self._far_beyond = FAR_CHANCE_PRIOR
+        self._forget_chance()
         self._until_probe = half
         return False
 
@@ -206,6 +215,12 @@ class Protection:
         if self._excess >= OVERRUN_ALARM or self._far_excess >= FAR_OVERRUN_ALARM:
             self._verdict(False)
 
+    def _forget_chance(self):
+        """Back to the priors: the protected requests that overran the bound in force, of those
+        compared with it, and those that overran it by more than the slack."""
+        self._beyond, self._compared = CHANCE_PRIOR
+        self._far_beyond = FAR_CHANCE_PRIOR
+
     def chance_rate(self):
         """How often a protected request overran the bound in force when it ended: how often an
         exposed one may, where lower clients change nothing."""
@@ -215,7 +230,7 @@ class Protection:
         """An exposed request that ends later than this overran: slower than the recent protected
         requests but their slowest IGNORED_SHARE, by the slack."""
         bound = (1 + self.slack) * _slowest_counted(self.protected)
-        return min(bound, self._capped_at[0]) if self.exposing else bound
+        return min(bound, self._verdict_at.bound_s) if self.exposing else bound
 
     def _faster_than_baseline(self):
         """Every one of the latest REFRESH_SAMPLE requests protected while exposing ended faster than
@@ -224,14 +239,14 @@ class Protection:
         (whatever the service's spread: a comparison of medians with a margin fired several times a
         run for a service with a 15 % spread); for a service twice as fast at a 30 % spread, in two
         of three windows."""
-        return len(self.refreshed) == REFRESH_SAMPLE and max(self.refreshed) < self._capped_at[2]
+        return (len(self.refreshed) == REFRESH_SAMPLE
+                and max(self.refreshed) < self._verdict_at.lower_quartile_s)
 
     def _new_baseline(self):
         """Forget the stale baseline: protected until a new one is taken, then a probe."""
         self.new_baselines += 1
         self.protected.clear()
-        self._beyond, self._compared = CHANCE_PRIOR
-        self._far_beyond = FAR_CHANCE_PRIOR
+        self._forget_chance()
         self._verdict(False)
         self._gap = FIRST_PROBE_GAP
         self._until_probe = BASELINE_REQUESTS
@@ -245,7 +260,7 @@ class Protection:
             return float("inf")
         ordered = sorted(self.protected)
         deadline = (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
-        return min(deadline, self._capped_at[1]) if self.exposing else deadline
+        return min(deadline, self._verdict_at.guard_deadline_s) if self.exposing else deadline
 
     def new_company(self):
         """A lower client joined: a verdict about the others says nothing about it. Protected from
@@ -260,7 +275,8 @@ class Protection:
     def _verdict(self, harmless):
         if harmless:
             ordered = sorted(self.protected) or [0.0]
-            self._capped_at = (self.overrun_bound_s(), self.guard_deadline_s(), ordered[len(ordered) // 4])
+            self._verdict_at = _Verdict(self.overrun_bound_s(), self.guard_deadline_s(),
+                                        ordered[len(ordered) // 4])
             self.exposing, self._gap = True, FIRST_PROBE_GAP
         else:                                         # also when an exposure turned harmful: no flapping
             self.exposing = False
