@@ -2,15 +2,20 @@
 verdicts from request latencies, how many exposed requests a harmful pair costs, and the gate
 acting on them (a lower client that costs nothing is no longer held; one that slows the requests
 stays held)."""
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from xsched_lv3.protection import (BASELINE_REQUESTS, FIRST_PROBE_GAP, IGNORED_SHARE, MAX_PROBE_GAP,
                                    PROBE_REQUESTS, REFRESH_EVERY, Protection)
 from test_xsched_torch import model, other_client, torch_fake  # noqa: F401 (fixture)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import protection_montecarlo  # noqa: E402  (its synthetic services, for the spread tests)
 
 # a service's request latencies: 2 ms with a spread, as jittery as a real one (deterministic). Its slow
 # end (3 requests in 13) is part of the service, not a rare pause: the overrun bound leaves out only the
@@ -145,22 +150,12 @@ def test_far_overruns_of_one_request_in_a_hundred_end_the_exposure():
 
 def lognormal_runs(slowdown, spread=0.15, runs=20, requests=500):
     """`runs` services of `requests` requests whose latencies spread like a real one's (log-normal,
-    P99 about 1.4x the median at 0.15), exposed ones `slowdown` times slower: the share exposed, and
-    each run's P99 against the P99 of the same draws with nothing exposed."""
-    import math
-    import random
-    shares, ratios = [], []
-    for seed in range(runs):
-        served, unexposed = [], []
-
-        def latency_of(i, protected):
-            unexposed.append(math.exp(random.Random(seed * 1_000_003 + i).gauss(0, spread)))
-            served.append(unexposed[-1] if protected else unexposed[-1] * slowdown)
-            return served[-1]
-        kinds = run(Protection(0.10), range(requests), latency_of)
-        shares.append(kinds.count(False) / requests)
-        ratios.append(sorted(served)[int(0.99 * requests) - 1] / sorted(unexposed)[int(0.99 * requests) - 1])
-    return sum(shares) / runs, sorted(ratios)[runs // 2]
+    P99 about 1.4x the median at 0.15), exposed ones `slowdown` times slower, as the Monte Carlo
+    script draws them: the share exposed, and the median over the runs of the P99 against the P99
+    of the same draws with nothing exposed."""
+    results = [protection_montecarlo.run(Protection, protection_montecarlo.slowed(spread, slowdown), requests, seed)
+               for seed in range(runs)]
+    return sum(share for share, _ in results) / runs, sorted(ratio for _, ratio in results)[runs // 2]
 
 
 def test_a_lower_client_that_changes_nothing_is_exposed_despite_the_services_own_spread():
