@@ -5,6 +5,10 @@ Every job is an ordinary PyTorch program (scripts/workloads/serve.py, batch.py) 
 imports. Variants, all measured in one run on one GPU:
 
   hp-alone, lp-alone      each program by itself
+  hp-lp-between           the service alone, its own process running the batch job's iterations
+                          between its requests, each ended before the next arrival: what perfect
+                          preemption of the batch job would give it (caches and clocks as the job
+                          leaves them, none of its work in the way): a bound for every scheduler
   lp-alone-xsched         the batch job alone under `xsched-lv3 run` (default options): its overhead
   native                  both programs at once, no scheduler (left out with --no-native)
   xsched                  `xsched-lv3 run --priority 10 -- python serve.py ...` next to
@@ -75,6 +79,7 @@ def commands(variant, pair, seconds, window_us=None):
                "--lp", f"{lp_model}:{lp_batch}" + ":train" * train, "--seconds", str(seconds)] + service_args
     return {
         "hp-alone": [hp],
+        "hp-lp-between": [hp + ["--between-requests", f"{lp_model}:{lp_batch}" + ":train" * train]],
         "lp-alone": [lp],
         "lp-alone-xsched": [xsched_run(lp, window_us=window_us)],
         "native": [hp, lp],
@@ -126,6 +131,7 @@ def summarize(raw):
         out.update(latency_summary(raw["hp_latencies_s"]), hp_requests=len(raw["hp_latencies_s"]))
     if "lp_iters_per_s" in raw:
         out["lp_iters_per_s"] = raw["lp_iters_per_s"]
+    out.update({k: v for k, v in raw.items() if k.startswith("gap_")})
     out.update({k: v for k, v in raw.items() if k.endswith("_gate")})
     return out
 
@@ -146,6 +152,7 @@ def measure(args, doc):
         seconds = co_run_seconds(args, pair)
         if hp not in hp_alone:
             hp_alone[hp] = run("hp-alone", pair, seconds)
+        run("hp-lp-between", pair, seconds)
         for _ in range(args.overhead_reps):                   # A/B interleaved: the host drifts
             run("lp-alone", pair, args.alone_seconds)
             if "processes" in args.modes:
@@ -217,7 +224,7 @@ def table(paths):
              "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training",
              "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training",
              "gpt2gen8-r50b64": "GPT-2 b1, 8 tokens a request, 5/s / ResNet-50 b64"}
-    order = ["hp-alone", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
+    order = ["hp-alone", "hp-lp-between", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
              "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:

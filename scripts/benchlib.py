@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 
-def open_loop(rate, seconds, request, warmup_s=0.0, t0=None):
+def open_loop(rate, seconds, request, warmup_s=0.0, t0=None, between=None):
     """Call `request()` at `rate` per second for `seconds` (arrivals on a fixed schedule, whatever
-    the previous request took). Returns latencies (completion - scheduled arrival) after warm-up."""
+    the previous request took). Returns latencies (completion - scheduled arrival) after warm-up.
+    `between(next_arrival)`, if given, runs after each request's latency is taken (other work in the
+    gap, timed by the caller's own clock)."""
     t0 = time.monotonic() if t0 is None else t0
     latencies = []
     i = 0
@@ -27,6 +29,8 @@ def open_loop(rate, seconds, request, warmup_s=0.0, t0=None):
         if arrival - t0 >= warmup_s:
             latencies.append(time.monotonic() - arrival)
         i += 1
+        if between is not None:
+            between(t0 + i / rate)
 
 
 def iterations_per_second(step, start_at, seconds, warmup_s=0.0):

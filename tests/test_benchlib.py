@@ -98,3 +98,43 @@ def test_an_ab_of_two_schedulers_can_leave_out_the_unscheduled_co_run():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_two_models.py"), "--no-native"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--no-native leaves a single co-run" in out.stderr
+
+
+class ScriptedGpu:
+    """A clock that a batch iteration moves by its duration (the iterations take `durations_s` in turn)."""
+    def __init__(self, durations_s):
+        self.now, self.durations = 0.0, list(durations_s)
+
+    def clock(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations.pop(0) if len(self.durations) > 1 else self.durations[0]
+
+
+def test_work_between_requests_fills_a_gap_and_never_runs_into_the_next_arrival():
+    """The perfect-preemption baseline (serve.py --between-requests): the batch job's iterations run in
+    each gap, but one that would still run at the next arrival is not begun, even after a slow one."""
+    sys.path.insert(0, str(REPO / "scripts" / "workloads"))
+    from serve import GapWork
+    gpu = ScriptedGpu([0.010])
+    work = GapWork(gpu.step, gpu.clock)
+    assert gpu.now == pytest.approx(0.030)              # three timed iterations: its first estimate
+    work(next_arrival=gpu.now + 0.050)                  # a 50 ms gap: 10 ms iterations while > 16 ms remain
+    assert work.iterations == 4 and work.late == 0
+    gpu.durations = [0.030, 0.010]                      # one slow iteration raises the estimate
+    arrival = gpu.now + 0.100
+    work(next_arrival=arrival)
+    assert gpu.now <= arrival and work.late == 0
+    assert arrival - gpu.now < 1.5 * 0.030 + 0.001 + 0.010   # the gap was used up to the margin
+    assert work.report() == {"gap_iterations": work.iterations, "gap_late": 0}
+
+
+def test_the_perfect_preemption_baseline_runs_the_pairs_batch_job_between_the_services_requests():
+    import bench_two_models
+    (serve,) = bench_two_models.commands("hp-lp-between", "r18b4-r50b32train", 26)
+    assert serve[1].endswith("serve.py") and serve[serve.index("--between-requests") + 1] == "resnet50:32:train"
+    out = __import__("subprocess").run(
+        [sys.executable, str(REPO / "scripts" / "workloads" / "serve.py"), "--between-requests", "resnet50"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--between-requests wants MODEL:BATCH[:train]" in out.stderr

@@ -10,16 +10,26 @@ With --decode-tokens N (GPT-2) a request is a text generation, as a streaming LL
 the prompt's forward pass, then N - 1 forward passes of one token each with the KV cache, greedy,
 each new token copied to the CPU (sent to the user) before the next pass begins. So a request is
 N model calls with short CPU gaps between them, each waiting for its token.
+
+With --between-requests MODEL:BATCH[:train] the service's own process runs that batch job's
+iterations between its requests, each synchronized and begun only if it should end before the next
+arrival: the service alone as perfect preemption of that job would leave it (the GPU's caches and
+clocks as the job left them, none of its work in the way).
+
+    python serve.py --model resnet18 --batch 4 --between-requests resnet50:64
 """
 import argparse
+import collections
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
 from models import GPT2_TOKENS, MODELS, build, wait_for_start  # noqa: E402
+from batch import make_step  # noqa: E402
 
 PROMPT_TOKENS = 32               # --decode-tokens: the prompt's length unless --prompt-tokens says
 
@@ -80,11 +90,64 @@ def check_service(name, batch, decode_tokens, prompt_tokens):
     return None
 
 
-def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass):
+def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass, between=None):
     """Open-loop arrivals from start_at; latencies of the requests after warmup_s."""
     import torch
     with torch.no_grad():
-        return open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at)
+        return open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at, between=between)
+
+
+class GapWork:
+    """A batch job's iterations in the gaps between requests, none begun unless it should end before
+    the next arrival: by MARGIN times the slowest of the latest few, plus MARGIN_S."""
+    MARGIN, MARGIN_S, RECENT = 1.5, 0.001, 8
+
+    def __init__(self, step, clock=time.monotonic):
+        self.step, self.clock = step, clock
+        self.recent = collections.deque(maxlen=self.RECENT)
+        self.iterations = 0
+        self.late = 0              # iterations that still ran at the next arrival (that request was not alone)
+        for _ in range(3):         # a first estimate
+            self._timed_step()
+
+    def _timed_step(self):
+        t = self.clock()
+        self.step()
+        end = self.clock()
+        self.recent.append(end - t)
+        return end
+
+    def __call__(self, next_arrival):
+        while self.clock() + self.MARGIN * max(self.recent) + self.MARGIN_S < next_arrival:
+            self.iterations += 1
+            self.late += self._timed_step() > next_arrival
+
+    def report(self):
+        return {"gap_iterations": self.iterations, "gap_late": self.late}
+
+
+def gap_job(spec):
+    """(model name, batch, train) from --between-requests MODEL:BATCH[:train]; ValueError if it is not one."""
+    name, _, rest = spec.partition(":")
+    batch, _, mode = rest.partition(":")
+    if name not in MODELS or not batch.isdigit() or int(batch) < 1 or mode not in ("", "train"):
+        raise ValueError(f"--between-requests wants MODEL:BATCH[:train] with MODEL one of {', '.join(MODELS)}, "
+                         f"got {spec!r}")
+    return name, int(batch), mode == "train"
+
+
+def gap_work(spec):
+    """GapWork from --between-requests MODEL:BATCH[:train] (warmed)."""
+    import torch
+    name, batch, train = gap_job(spec)
+    with torch.set_grad_enabled(train):          # serve() runs under no_grad; a training step needs autograd
+        model, x = build(name, batch)
+        step = make_step(model, x, train)
+
+    def step_with_grad():
+        with torch.set_grad_enabled(train):
+            step()
+    return GapWork(step_with_grad)
 
 
 def warm(model, x, iterations=20, request=forward_pass):
@@ -102,16 +165,29 @@ def main():
     p.add_argument("--rate", type=float, default=20.0)
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--between-requests", metavar="MODEL:BATCH[:train]",
+                   help="run this batch job's iterations between requests, each ended before the next arrival")
     add_service_options(p)
     args = p.parse_args()
-    problem = check_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
+    problem = check_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens) or \
+        check_gap_work(args.between_requests)
     if problem:
         p.error(problem)
     model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
     warm(model, x, request=request)
+    between = gap_work(args.between_requests) if args.between_requests else None
     start_at = wait_for_start()
-    lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request)
-    print(json.dumps({"hp_latencies_s": lat}), flush=True)
+    lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
+    print(json.dumps({"hp_latencies_s": lat, **(between.report() if between else {})}), flush=True)
+
+
+def check_gap_work(spec):
+    """Why --between-requests cannot run, or None."""
+    try:
+        spec is None or gap_job(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 if __name__ == "__main__":
