@@ -100,7 +100,7 @@ def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass, bet
 class GapWork:
     """A batch job's iterations in the gaps between requests, none begun unless it should end before
     the next arrival: by MARGIN times the slowest of the latest few, plus MARGIN_S."""
-    MARGIN, MARGIN_S, RECENT = 1.5, 0.001, 8
+    MARGIN, MARGIN_S, RECENT = 1.25, 0.001, 8
 
     def __init__(self, step, clock=time.monotonic):
         self.step, self.clock = step, clock
