@@ -22,6 +22,7 @@ import argparse
 import collections
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -99,7 +100,8 @@ def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass, bet
 
 class GapWork:
     """A batch job's iterations in the gaps between requests, none begun unless it should end before
-    the next arrival: by MARGIN times the slowest of the latest few, plus MARGIN_S."""
+    the next arrival: by MARGIN times the median of the latest few, plus MARGIN_S. (Not their slowest:
+    one slow iteration would then stop the work for good, since only iterations that run renew it.)"""
     MARGIN, MARGIN_S, RECENT = 1.25, 0.001, 8
 
     def __init__(self, step, clock=time.monotonic):
@@ -118,7 +120,7 @@ class GapWork:
         return end
 
     def __call__(self, next_arrival):
-        while self.clock() + self.MARGIN * max(self.recent) + self.MARGIN_S < next_arrival:
+        while self.clock() + self.MARGIN * statistics.median(self.recent) + self.MARGIN_S < next_arrival:
             self.iterations += 1
             self.late += self._timed_step() > next_arrival
 
