@@ -81,6 +81,14 @@ def make(gpu):
             thread.join()
     torch.Tensor = Tensor
 
+    # torch/nn/modules/module.py's call path: the global hook dicts, and per module its own hooks and
+    # compiled call; counts how often the full path (_call_impl) ran
+    hooks = types.ModuleType("torch.nn.modules.module")
+    hooks._global_forward_pre_hooks, hooks._global_forward_hooks = {}, {}
+    hooks._global_backward_pre_hooks, hooks._global_backward_hooks = {}, {}
+    hooks.call_impl_runs = 0
+    hooks.tracing = None
+
     class Module:
         def __init__(self, *children, kernel_s=0.0, name="m", weighted=True, frozen=False):
             """weighted: a leaf that owns a weight matrix (a convolution, a linear layer), not an
@@ -89,6 +97,25 @@ def make(gpu):
             self._modules = {str(i): c for i, c in enumerate(children)}
             self._parameters = {"weight": types.SimpleNamespace(ndim=2)} if weighted and not children else {}
             self.kernel_s, self.name, self.frozen = kernel_s, name, frozen
+            self._forward_pre_hooks, self._forward_hooks = {}, {}
+            self._backward_pre_hooks, self._backward_hooks = {}, {}
+            self._compiled_call_impl = None
+
+        def register_forward_hook(self, hook):
+            self._forward_hooks[len(self._forward_hooks)] = hook
+
+        def _wrapped_call_impl(self, *args, **kwargs):
+            if self._compiled_call_impl is not None:
+                return self._compiled_call_impl(*args, **kwargs)
+            return self._call_impl(*args, **kwargs)
+
+        def _call_impl(self, *args, **kwargs):
+            hooks.call_impl_runs += 1
+            out = self.forward(*args, **kwargs)
+            for hook in (*hooks._global_forward_hooks.values(), *self._forward_hooks.values()):
+                result = hook(self, args, out)
+                out = out if result is None else result
+            return out
 
         def forward(self, x):
             for child in self._modules.values():
@@ -99,8 +126,7 @@ def make(gpu):
                     return Tensor(x.requires_grad or bool(self._parameters and not self.frozen), self, x)
             return x
 
-        def __call__(self, *args, **kwargs):
-            return self.forward(*args, **kwargs)
+        __call__ = _wrapped_call_impl
 
     class Raising(Module):
         """A leaf whose forward raises after launching its kernel (a failing request)."""
@@ -118,6 +144,7 @@ def make(gpu):
             return children[1](x)
 
     nn.Module, nn.Raising, nn.Attention = Module, Raising, Attention
+    nn.modules = types.SimpleNamespace(module=hooks)
     torch.nn = nn
 
     class Event:
@@ -194,6 +221,7 @@ def make(gpu):
     torch.optim = optim
     # the private calls behind torch.cuda.current_stream(): (stream id, device index, device type)
     torch._C = types.SimpleNamespace(
+        _get_tracing_state=lambda: hooks.tracing,
         _cuda_getDevice=lambda: 0,
         _cuda_getCurrentStream=lambda device: (selected.__dict__.get("stream", default_stream).id, device, 1))
     return torch

@@ -91,6 +91,53 @@ def test_a_client_alone_records_nothing(torch_fake):
     assert gpu.events_recorded == 0
 
 
+@pytest.mark.parametrize("above", [False, True], ids=["free", "guarded"])
+def test_a_nested_module_without_hooks_runs_its_forward_without_torchs_two_frames(torch_fake, above):
+    """The wrapper takes torch's own fast path itself: a nested module with no hook, outside tracing,
+    runs `forward` directly (torch's full call path runs only for the request's top-level call), and
+    what it launches is the same."""
+    torch, gpu, xt = torch_fake
+    calls = torch.nn.modules.module
+    m = model(torch, "k", 30, 0.0)
+    m(None)
+    unscheduled, runs = list(gpu.launched), calls.call_impl_runs
+    assert runs == 31                                   # as torch ships it: every module call
+    hp = other_client(xt, priority=10) if above else None
+    with xt.client(priority=0) as gate:
+        assert gate.guarded == above
+        m(None)
+    assert calls.call_impl_runs - runs == 1             # the top-level call only
+    assert [name for name, *_ in gpu.launched[len(unscheduled):]] == [name for name, *_ in unscheduled]
+    if hp is not None:
+        hp.close()
+
+
+@pytest.mark.parametrize("hooked", ["own forward hook", "global forward hook", "compiled call", "tracing"])
+def test_a_nested_module_torch_must_call_itself_still_goes_through_torch(torch_fake, hooked):
+    """Hooks still run, a compiled call is still taken, tracing still sees every call: the wrapper
+    leaves those calls to Module.__call__ as torch ships it."""
+    torch, gpu, xt = torch_fake
+    calls = torch.nn.modules.module
+    m = model(torch, "k", 3, 0.0)
+    inner = m._modules["1"]
+    seen = []
+    if hooked == "own forward hook":
+        inner.register_forward_hook(lambda module, args, out: seen.append(module.name))
+    elif hooked == "global forward hook":
+        calls._global_forward_hooks[0] = lambda module, args, out: seen.append(module.name)
+    elif hooked == "compiled call":
+        inner._compiled_call_impl = lambda *args: seen.append("compiled")
+    else:
+        calls.tracing = object()
+    with xt.client(priority=0):
+        m(None)
+    runs = calls.call_impl_runs
+    expected = {"own forward hook": ["k1"], "global forward hook": ["k0", "k1", "k2", "m"], "compiled call": ["compiled"],
+                "tracing": []}[hooked]
+    assert seen == expected
+    assert runs == (4 if hooked in ("global forward hook", "tracing") else 2 if hooked == "own forward hook" else 1)
+
+
 def test_window_bounds_in_flight_work(torch_fake):
     torch, gpu, xt = torch_fake
     m = model(torch, "k", 60, 0.001)            # 1 ms kernels
