@@ -561,3 +561,16 @@ def test_a_request_that_begins_before_the_last_ones_work_is_done_counts_as_no_ga
         m(None)
         assert list(gate._gaps) == [0.0]
     lp.close()
+
+
+def test_the_report_splits_request_latencies_into_protected_and_exposed():
+    """`XSCHED_LV3_REPORT` and the benchmarks' results carry each kind's P50 / P99 / max, so that a
+    service's tail can be told apart: its exposed requests' or its protected ones'."""
+    p = Protection()
+    assert p.stats()["protected_ms"] is None and p.stats()["exposed_ms"] is None
+    for i in range(101):
+        p.finished(True, 0.001 * (i + 1))               # 1 .. 101 ms
+    p.finished(False, 0.250)
+    stats = p.stats()
+    assert stats["protected_ms"] == {"n": 101, "p50": 51.0, "p99": 100.0, "max": 101.0}
+    assert stats["exposed_ms"] == {"n": 1, "p50": 250.0, "p99": 250.0, "max": 250.0}

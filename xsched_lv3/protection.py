@@ -94,6 +94,7 @@ FAR_OVERRUN_ALARM = 1.0
 # chance_rate before any protected request was compared with the bound: one in 32, worth 32 of them
 CHANCE_PRIOR = (1, 32)
 FAR_CHANCE_PRIOR = 0.125                # ... and of a far one: one in 256
+REPORTED = 8192                # requests' latencies kept for the report, the latest of each kind
 
 
 class _Verdict(NamedTuple):
@@ -135,6 +136,9 @@ class Protection:
         self.exposed_requests = 0
         self.overruns = 0
         self.new_baselines = 0
+        # every request's latency by how it ran (the latest REPORTED of each), for reports: is a tail the
+        # exposed requests' or the protected ones'?
+        self._reported = {True: deque(maxlen=REPORTED), False: deque(maxlen=REPORTED)}
 
     def protect_next(self):
         """Whether the request starting now is protected."""
@@ -172,6 +176,7 @@ class Protection:
 
     def finished(self, protected, latency_s):
         """A request ended (its GPU work completed) `latency_s` after it began."""
+        self._reported[bool(protected)].append(latency_s)
         if protected:
             self._until_probe -= 1
             if self._warming_up:
@@ -289,7 +294,20 @@ class Protection:
     def stats(self):
         return {"latency_slack": self.slack, "exposing": self.exposing, "probes": self.probes,
                 "exposed_requests": self.exposed_requests, "overruns": self.overruns,
-                "new_baselines": self.new_baselines}
+                "new_baselines": self.new_baselines,
+                "protected_ms": _summary_ms(self._reported[True]), "exposed_ms": _summary_ms(self._reported[False])}
+
+
+def _summary_ms(latencies_s):
+    """{n, p50, p99, max} in ms, or None for none; the rank as the benchmarks take it (p99 of 501: the
+    496th smallest)."""
+    if not latencies_s:
+        return None
+    ordered = sorted(latencies_s)
+
+    def at(q):
+        return round(ordered[int(q * (len(ordered) - 1))] * 1e3, 3)
+    return {"n": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)}
 
 
 def _slowest_counted(latencies):
