@@ -112,30 +112,74 @@ def test_a_nested_module_without_hooks_runs_its_forward_without_torchs_two_frame
         hp.close()
 
 
-@pytest.mark.parametrize("hooked", ["own forward hook", "global forward hook", "compiled call", "tracing"])
+OWN_HOOKS = ["_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"]
+GLOBAL_HOOKS = ["_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                "_global_backward_hooks"]
+
+
+@pytest.mark.parametrize("hooked", OWN_HOOKS + GLOBAL_HOOKS + ["rebound global dict", "compiled call", "tracing",
+                                                                "profiler", "patched _call_impl",
+                                                                "overridden _call_impl"])
 def test_a_nested_module_torch_must_call_itself_still_goes_through_torch(torch_fake, hooked):
-    """Hooks still run, a compiled call is still taken, tracing still sees every call: the wrapper
-    leaves those calls to Module.__call__ as torch ships it."""
+    """Hooks (the module's own and global ones, a global dict rebound after install), a compiled call,
+    tracing, a profiler, and a _call_impl patched on Module or overridden by a class: each such
+    call still runs Module.__call__ as torch ships it."""
     torch, gpu, xt = torch_fake
     calls = torch.nn.modules.module
     m = model(torch, "k", 3, 0.0)
     inner = m._modules["1"]
+    with xt.client(priority=0):
+        m(None)                                   # installed: the nested calls take the direct path
+    runs = calls.call_impl_runs
+    assert runs == 1
     seen = []
-    if hooked == "own forward hook":
-        inner.register_forward_hook(lambda module, args, out: seen.append(module.name))
-    elif hooked == "global forward hook":
-        calls._global_forward_hooks[0] = lambda module, args, out: seen.append(module.name)
+    if hooked in OWN_HOOKS:
+        getattr(inner, hooked)[0] = lambda *a: None
+    elif hooked in GLOBAL_HOOKS:
+        getattr(calls, hooked)[0] = lambda *a: None
+    elif hooked == "rebound global dict":
+        calls._global_forward_hooks = {0: lambda module, args, out: seen.append(module.name)}
     elif hooked == "compiled call":
         inner._compiled_call_impl = lambda *args: seen.append("compiled")
-    else:
+    elif hooked == "tracing":
         calls.tracing = object()
+    elif hooked == "patched _call_impl":
+        shipped = torch.nn.Module._call_impl
+        torch.nn.Module._call_impl = lambda self, *a, **k: seen.append(self.name) or shipped(self, *a, **k)
+    elif hooked == "overridden _call_impl":
+        class Overriding(torch.nn.Module):
+            def _call_impl(self, *args, **kwargs):
+                seen.append("overridden")
+                return super()._call_impl(*args, **kwargs)
+        m._modules["1"] = Overriding(kernel_s=0.0, name="k1")
+    if hooked == "profiler":
+        sys.setprofile(lambda *a: None)
+    try:
+        with xt.client(priority=0):
+            m(None)
+    finally:
+        sys.setprofile(None)
+    expected_runs = {"compiled call": 1}.get(hooked, 2 if hooked in OWN_HOOKS or "overridden" in hooked else 4)
+    assert calls.call_impl_runs - runs == expected_runs
+    assert seen == {"rebound global dict": ["k0", "k1", "k2", "m"], "compiled call": ["compiled"],
+                    "patched _call_impl": ["m", "k0", "k1", "k2"], "overridden _call_impl": ["overridden"]}.get(hooked, [])
+
+
+def test_another_wrapper_on_module_call_keeps_every_call_going_through_it(torch_fake):
+    """A Module.__call__ that is not torch's own when install() wraps it (another tool's wrapper) is
+    never bypassed: every module call, nested ones included, still goes through it."""
+    torch, gpu, xt = torch_fake
+    through = []
+    shipped = torch.nn.Module.__call__
+
+    def someone_elses(self, *args, **kwargs):
+        through.append(self.name)
+        return shipped(self, *args, **kwargs)
+    torch.nn.Module.__call__ = someone_elses
+    m = model(torch, "k", 3, 0.0)
     with xt.client(priority=0):
         m(None)
-    runs = calls.call_impl_runs
-    expected = {"own forward hook": ["k1"], "global forward hook": ["k0", "k1", "k2", "m"], "compiled call": ["compiled"],
-                "tracing": []}[hooked]
-    assert seen == expected
-    assert runs == (4 if hooked in ("global forward hook", "tracing") else 2 if hooked == "own forward hook" else 1)
+    assert through == ["m", "k0", "k1", "k2"]
 
 
 def test_window_bounds_in_flight_work(torch_fake):
@@ -977,3 +1021,13 @@ def test_a_simulated_hip_job_is_gated_from_its_first_launch(monkeypatch, tmp_pat
     assert len(launched) == 3 and launched[0] >= t0 + 0.19 and lp.waits >= 1
     lp.close()
     hp.close()
+
+
+def test_the_installed_module_call_names_its_module_self(torch_fake):
+    """torch's profiler (with_stack) reads the local named `self` from what it takes for
+    Module.__call__'s frame: a wrapper whose first parameter had another name crashed the process
+    (found with torch 2.13's CPU build in review)."""
+    import inspect
+    torch, gpu, xt = torch_fake
+    xt.install()
+    assert next(iter(inspect.signature(torch.nn.Module.__call__).parameters)) == "self"

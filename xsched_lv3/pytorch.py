@@ -204,23 +204,27 @@ def _forget_gates_in_forked_child():
     _local.__dict__.clear()
 
 
-def _no_hooks_test(torch):
+def _direct_forward_test(torch, original):
     """What Module.__call__ as torch ships it tests before it runs a module's `forward` directly
-    (torch/nn/modules/module.py: Module._wrapped_call_impl, no compiled call; Module._call_impl, no hook
-    of the module's own, no global one, not tracing): the four global hook dicts (registering a hook
-    adds to them in place) and the tracing test, or None where this torch lacks one of those names.
-    A nested module call that passes the same test runs its `forward` from the wrapper: it then costs
-    one Python frame, the wrapper's, instead of torch's two plus it. Anything else goes through
-    Module.__call__ unchanged."""
-    modules = getattr(getattr(torch, "nn", None), "modules", None)
-    module = getattr(modules, "module", None)
-    names = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-             "_global_backward_hooks")
+    (torch/nn/modules/module.py, 2.1 to 2.14 alike: Module._wrapped_call_impl, no compiled call; then
+    Module._call_impl, no hook of the module's own, no global one, not tracing): (the module that holds
+    the four global hook dicts, read at each call as torch reads them, since code outside torch rebinds
+    them; torch's own _call_impl; the tracing test), or None where this torch lacks one of those names,
+    or where Module.__call__ or Module._call_impl is no longer torch's own (another wrapper: calls must
+    go through it). A nested module call that passes the same test, whose class keeps torch's
+    _call_impl, outside any profiler (torch's finds module calls by their frames), runs its `forward`
+    from the wrapper: one Python frame, the wrapper's, instead of torch's two plus it."""
+    holder = getattr(getattr(getattr(torch, "nn", None), "modules", None), "module", None)
+    call_impl = getattr(torch.nn.Module, "_call_impl", None)
     tracing = getattr(getattr(torch, "_C", None), "_get_tracing_state", None)
-    if module is None or tracing is None or not hasattr(torch.nn.Module, "_wrapped_call_impl") or \
-            not all(isinstance(getattr(module, n, None), dict) for n in names):
+    hook_dicts = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                  "_global_backward_hooks")
+    if holder is None or tracing is None or not all(isinstance(getattr(holder, n, None), dict) for n in hook_dicts):
         return None
-    return (*(getattr(module, n) for n in names), tracing)
+    if not getattr(original, "__qualname__", "").endswith("Module._wrapped_call_impl") or \
+            not getattr(call_impl, "__qualname__", "").endswith("Module._call_impl"):
+        return None
+    return holder, call_impl, tracing
 
 
 def install():
@@ -231,10 +235,14 @@ def install():
     import torch
     original = torch.nn.Module.__call__
     _Tensor = torch.Tensor
-    no_hooks = _no_hooks_test(torch)
-    global_pre, global_post, global_bwd_pre, global_bwd, tracing = no_hooks or (None,) * 5
+    direct = _direct_forward_test(torch, original)
+    hooks, call_impl, tracing = direct or (None, None, None)
+    getprofile = sys.getprofile
 
-    def scheduled_call(module, *args, **kwargs):
+    # The first parameter is named `self` as in torch's: torch's profiler (with_stack) reads the local
+    # of that name from what it takes for Module.__call__'s frame, and crashed the process otherwise
+    def scheduled_call(self, *args, **kwargs):
+        module = self
         state = _local.__dict__
         gate = state.get("inside")          # the gate of the request this thread is in, if any
         if gate is not None:                # a nested module call, the common case: kept short
@@ -242,14 +250,13 @@ def install():
                 if gate.board_generation[0] != gate.seen_generation or not gate.clear_to_run:
                     gate.check()            # only while a higher-priority client shares the GPU
             elif gate.awaiting_device:      # a higher client is there: has this call's parent just begun using a GPU?
-                gate.notice_device()
-                if gate.guarded:
-                    gate.check()
-            # torch's own fast path, without its two frames (see _no_hooks_test)
-            if no_hooks is not None and module._compiled_call_impl is None and not (
-                    module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
-                    or module._backward_hooks or global_pre or global_post or global_bwd_pre or global_bwd
-                    or tracing()):
+                gate.notice_device()        # (and held here if so)
+            # torch's own fast path, without its two frames (see _direct_forward_test)
+            if direct is not None and module._compiled_call_impl is None and type(module)._call_impl is call_impl \
+                    and not (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
+                             or module._backward_hooks or hooks._global_forward_pre_hooks
+                             or hooks._global_forward_hooks or hooks._global_backward_pre_hooks
+                             or hooks._global_backward_hooks or tracing() or getprofile()):
                 out = module.forward(*args, **kwargs)
             else:
                 out = original(module, *args, **kwargs)
