@@ -152,7 +152,8 @@ def measure(args, doc):
         seconds = co_run_seconds(args, pair)
         if hp not in hp_alone:
             hp_alone[hp] = run("hp-alone", pair, seconds)
-        run("hp-lp-between", pair, seconds)
+        if not args.no_between:
+            run("hp-lp-between", pair, seconds)
         for _ in range(args.overhead_reps):                   # A/B interleaved: the host drifts
             run("lp-alone", pair, args.alone_seconds)
             if "processes" in args.modes:
@@ -260,6 +261,8 @@ def main():
     p.add_argument("--no-native", action="store_true",
                    help="skip the unscheduled co-run (an A/B of two schedulers with --baseline: a pair's run "
                         "then fits one device call)")
+    p.add_argument("--no-between", action="store_true",
+                   help="skip hp-lp-between (a long service's run, e.g. gpt2gen8-r50b64's, then fits a 10-minute call)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
     p.add_argument("--rep", type=int, default=1)
