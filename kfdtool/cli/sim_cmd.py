@@ -27,21 +27,28 @@ def add_parser(sub):
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
     s.add_parser("list", help="list simulated machines").set_defaults(run=run_list)
-    start = s.add_parser("start", help="start a simulated machine")
-    start.add_argument("machine")
+    start = s.add_parser("start", help="start a simulated machine",
+                         description="Start a simulated machine in the background: its sysfs tree and a simulated "
+                                     "/dev/kfd server. It runs until `kfdtool sim stop MACHINE`.")
+    start.add_argument("machine", help="a name from `kfdtool sim list`")
     start.add_argument("--abi", default="1.23", choices=ABIS, help="KFD ABI version (default 1.23)")
     start.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="amdgpu module parameter, e.g. sched_policy=2")
     start.set_defaults(run=run_start)
-    stop = s.add_parser("stop", help="stop a simulated machine (its GPU processes exit)")
-    stop.add_argument("machine")
+    stop = s.add_parser("stop", help="stop a simulated machine (its GPU processes exit)",
+                        description="Stop a simulated machine; its simulated GPU processes exit with it.")
+    stop.add_argument("machine", help="a name from `kfdtool sim list`")
     stop.set_defaults(run=run_stop)
-    status = s.add_parser("status", help="is it running, with how many processes and queues")
-    status.add_argument("machine")
+    status = s.add_parser("status", help="is it running, with how many processes and queues",
+                          description="Whether a simulated machine runs, with how many processes and queues.")
+    status.add_argument("machine", help="a name from `kfdtool sim list`")
     status.set_defaults(run=run_status)
-    work = s.add_parser("workload", help="start simulated GPU processes with queues")
-    work.add_argument("machine")
-    work.add_argument("--procs", type=process_count, default=3)
+    work = s.add_parser("workload", help="start simulated GPU processes with queues",
+                        description="Start simulated GPU processes on a running simulated machine, each with its "
+                                    "queues, and return: they run in the background until `kfdtool sim stop "
+                                    "MACHINE`. List them with `kfdtool --sim MACHINE queues`.")
+    work.add_argument("machine", help="a simulated machine started with `kfdtool sim start`")
+    work.add_argument("--procs", type=process_count, default=3, help="processes to start (default 3)")
     work.add_argument("--queues", type=non_negative_int, default=2, help="compute queues per GPU per process")
     work.add_argument("--gpus", type=positive_int, default=1, help="GPUs per process")
     work.add_argument("--sdma", type=non_negative_int, default=0, help="SDMA queues per GPU per process")
