@@ -156,6 +156,9 @@ def test_unreadable_topology_file(tmp_path):
     (["--sysfs-root", "", "topology"], "argument --sysfs-root: must not be empty"),
     (["--sim", "mi308x", "preempt", "--pid", "1", "--for", "99999999999s"], "longer than 24 hours"),
     (["--sim", "mi308x", "preempt", "--pid", "1", "--for", "0"], "must be above zero"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),        # named, not "COMMAND is required"
+    ([], "a COMMAND is required"),
+    (["--wide"], "a COMMAND is required"),
 ])
 def test_usage_errors_exit_2_before_anything_runs(args, needle):
     result = run_cli(*args)

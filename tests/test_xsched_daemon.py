@@ -105,6 +105,8 @@ def xsched(*args, env=None, cwd=None):
     (["run", "--window-us", "-5", "--", "true"], 2, "argument --window-us: must be >= 0"),
     (["run", "--window-us", "nan", "--", "true"], 2, "argument --window-us: must be >= 0"),
     (["run", "--window-us", "inf", "--", "true"], 2, "argument --window-us: must be >= 0 and finite"),
+    (["--bogus"], 2, "unrecognized arguments: --bogus"),
+    ([], 2, "a COMMAND is required"),
 ])
 def test_cli_errors_are_one_line(args, code, needle):
     """A failure is one line (exit 1); a command held wrong, value out of range included, is a usage

@@ -95,7 +95,8 @@ def _attached_poll_ms(value):
 def build_parser():
     p = argparse.ArgumentParser(prog="xsched-lv3", description="Preemptive GPU scheduling (XSched-style, Lv1/Lv3).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required=True: argparse checks that before unknown options, which it would then not name
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("daemon", help="run the multi-process scheduler (unix socket, no TCP)")
     d.add_argument("--policy", default="hpf", choices=list(POLICIES))
     d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
@@ -338,7 +339,10 @@ def _board_problem(error):
 
 def main(argv=None):
     from kfdtool.errors import Error as KfdError
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("a COMMAND is required (xsched-lv3 --help lists them)")
     if sys.stdout is None and args.run not in (cmd_run, cmd_daemon):
         # started with stdout closed (`>&-`): nowhere to answer (a program run under us, or the
         # daemon, may well run without one)

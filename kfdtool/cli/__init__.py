@@ -61,7 +61,9 @@ def build_parser(argv=None):
     where.add_argument("--sim", metavar="NAME", type=non_empty, help="use the simulated machine NAME (see `kfdtool sim list`)")
     where.add_argument("--sysfs-root", metavar="DIR", type=non_empty,
                        help="read sysfs from DIR instead of /sys (also: KFDTOOL_SYSFS_ROOT)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # not required=True: argparse checks that before unknown options, and `kfdtool --frobnicate` then said
+    # a COMMAND was missing instead of naming the option (main() asks for the COMMAND itself)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     built = set()
     for name, (module, help_text) in COMMANDS.items():
         if chosen is None or name == chosen or module == COMMANDS[chosen][0]:
@@ -79,6 +81,8 @@ def main(argv=None):
         return 1
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("a COMMAND is required (kfdtool --help lists them)")
     if args.wide:
         from . import render
         render.WIDE = True
