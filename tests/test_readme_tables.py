@@ -1,4 +1,4 @@
-"""README numbers come from committed results: every table the README (and docs/measurements.md) marks with
+"""README numbers come from committed results: every table the README (and docs/*.md) marks with
 `<!-- table: python scripts/X.py --table FILES -->` is what that script prints for those files now."""
 import re
 import subprocess
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 MARK = re.compile(r"<!-- table: python (scripts/\S+\.py) --table ([^>]+?) -->\n")
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/measurements.md"])
+@pytest.mark.parametrize("document", ["README.md", "docs/measurements.md", "docs/simulation-log.md"])
 def test_readme_tables_match_the_committed_results(document):
     readme = (REPO / document).read_text()
     marks = list(MARK.finditer(readme))
