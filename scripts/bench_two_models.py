@@ -70,16 +70,17 @@ def commands(variant, pair, seconds, window_us=None):
     (hp_model, hp_batch, *_), (lp_model, lp_batch, *lp_mode) = PAIRS[pair]
     assert lp_mode in ([], ["train"]), pair
     train = bool(lp_mode)
+    lp_job = f"{lp_model}:{lp_batch}" + ":train" * train          # MODEL:BATCH[:train], as the workloads take it
     service_args = service_options(pair)
     hp = [PY, str(WORK / "serve.py"), "--model", hp_model, "--batch", str(hp_batch), "--seconds", str(seconds)] + \
         service_args
     lp = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", str(lp_batch), "--seconds", str(seconds)] + \
         ["--train"] * train
     threads = [PY, str(WORK / "pair_threads.py"), "--hp", f"{hp_model}:{hp_batch}",
-               "--lp", f"{lp_model}:{lp_batch}" + ":train" * train, "--seconds", str(seconds)] + service_args
+               "--lp", lp_job, "--seconds", str(seconds)] + service_args
     return {
         "hp-alone": [hp],
-        "hp-lp-between": [hp + ["--between-requests", f"{lp_model}:{lp_batch}" + ":train" * train]],
+        "hp-lp-between": [hp + ["--between-requests", lp_job]],
         "lp-alone": [lp],
         "lp-alone-xsched": [xsched_run(lp, window_us=window_us)],
         "native": [hp, lp],

@@ -264,7 +264,7 @@ class Protection:
         if not self.protected:
             return float("inf")
         ordered = sorted(self.protected)
-        deadline = (1 + self.slack) * ordered[int(0.9 * (len(ordered) - 1))]
+        deadline = (1 + self.slack) * _rank(ordered, 0.9)
         return min(deadline, self._verdict_at.guard_deadline_s) if self.exposing else deadline
 
     def new_company(self):
@@ -298,16 +298,20 @@ class Protection:
                 "protected_ms": _summary_ms(self._reported[True]), "exposed_ms": _summary_ms(self._reported[False])}
 
 
+def _rank(ordered, q):
+    """The value at rank q of sorted samples, as the benchmarks take it (q = 0.99 of 501: the 496th smallest)."""
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 def _summary_ms(latencies_s):
-    """{n, p50, p99, max} in ms, or None for none; the rank as the benchmarks take it (p99 of 501: the
-    496th smallest)."""
+    """{n, p50, p99, max} in ms, or None for none."""
     if not latencies_s:
         return None
     ordered = sorted(latencies_s)
 
-    def at(q):
-        return round(ordered[int(q * (len(ordered) - 1))] * 1e3, 3)
-    return {"n": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)}
+    def ms(q):
+        return round(_rank(ordered, q) * 1e3, 3)
+    return {"n": len(ordered), "p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0)}
 
 
 def _slowest_counted(latencies):

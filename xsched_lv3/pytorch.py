@@ -239,10 +239,9 @@ def install():
     hooks, call_impl, tracing = direct or (None, None, None)
     getprofile = sys.getprofile
 
-    # The first parameter is named `self` as in torch's: torch's profiler (with_stack) reads the local
-    # of that name from what it takes for Module.__call__'s frame, and crashed the process otherwise
+    # `self` is the module called, named as in torch's: torch's profiler (with_stack) reads the local of
+    # that name from what it takes for Module.__call__'s frame, and crashed the process otherwise
     def scheduled_call(self, *args, **kwargs):
-        module = self
         state = _local.__dict__
         gate = state.get("inside")          # the gate of the request this thread is in, if any
         if gate is not None:                # a nested module call, the common case: kept short
@@ -252,29 +251,29 @@ def install():
             elif gate.awaiting_device:      # a higher client is there: has this call's parent just begun using a GPU?
                 gate.notice_device()        # (and held here if so)
             # torch's own fast path, without its two frames (see _direct_forward_test)
-            if direct is not None and module._compiled_call_impl is None and type(module)._call_impl is call_impl \
-                    and not (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
-                             or module._backward_hooks or hooks._global_forward_pre_hooks
+            if direct is not None and self._compiled_call_impl is None and type(self)._call_impl is call_impl \
+                    and not (self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks
+                             or self._backward_hooks or hooks._global_forward_pre_hooks
                              or hooks._global_forward_hooks or hooks._global_backward_pre_hooks
                              or hooks._global_backward_hooks or tracing() or getprofile()):
-                out = module.forward(*args, **kwargs)
+                out = self.forward(*args, **kwargs)
             else:
-                out = original(module, *args, **kwargs)
-            if gate.guarded and not module._modules:
+                out = original(self, *args, **kwargs)
+            if gate.guarded and not self._modules:
                 gate.after_leaf()
                 if gate.trains:
-                    _hook_backward(gate, module, out)     # its backward is gated too
+                    _hook_backward(gate, self, out)     # its backward is gated too
             return out
         gate = state.get("gate") or _process_gate
         if gate is None:
-            return original(module, *args, **kwargs)
+            return original(self, *args, **kwargs)
         gate.begin_request()                # a top-level call: one request
         state["inside"] = gate
         counted = gate.leaves_counted() if gate.guarded else None
         try:
             if gate.guarded:
                 gate.check()                # inside the try: interrupted while held, the request still ends
-            out = original(module, *args, **kwargs)
+            out = original(self, *args, **kwargs)
         finally:
             state["inside"] = None
             gate.end_request()              # also when the request raised: never left active

@@ -6,13 +6,15 @@
 set -u
 hp_args=$1; lp_args=$2; py=python3
 for variant in native xsched; do
-  run=(); [ $variant = xsched ] && run=($py -m xsched_lv3 run)
-  hp_run=("${run[@]}"); [ $variant = xsched ] && hp_run=($py -m xsched_lv3 run --priority 10)
-  XSCHED_LV3_REPORT=$OUT/${variant}_hp_report.json "${hp_run[@]}" ${hp_run:+--} $py scripts/workloads/serve.py $hp_args \
+  hp_run=(); lp_run=()              # the prefix each program starts with: none natively
+  if [ $variant = xsched ]; then
+    hp_run=($py -m xsched_lv3 run --priority 10 --); lp_run=($py -m xsched_lv3 run --)
+  fi
+  XSCHED_LV3_REPORT=$OUT/${variant}_hp_report.json "${hp_run[@]}" $py scripts/workloads/serve.py $hp_args \
     --seconds 40 </dev/null > $OUT/${variant}_hp.out 2>&1 &
-  hp=$!
+  service=$!
   sleep 12
-  XSCHED_LV3_REPORT=$OUT/${variant}_lp_report.json "${run[@]}" ${run:+--} $PYSPY record -r 200 --idle --threads -f raw \
+  XSCHED_LV3_REPORT=$OUT/${variant}_lp_report.json "${lp_run[@]}" $PYSPY record -r 200 --idle --threads -f raw \
     -o $OUT/pyspy_${variant}.txt -- $py scripts/workloads/batch.py $lp_args --seconds 20 </dev/null > $OUT/${variant}_lp.out 2>&1
-  wait $hp
+  wait $service
 done

@@ -6,6 +6,7 @@
     encoder               nn.TransformerEncoder, 6 layers, d_model 512, 8 heads, batch x 128 tokens
     gpt2                  Hugging Face's GPT-2 small (transformers installed), batch x `tokens` tokens
 """
+import argparse
 import time
 
 MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder", "gpt2")
@@ -27,6 +28,17 @@ def build(name, batch, device="cuda", tokens=GPT2_TOKENS):
         model = getattr(torchvision.models, name)(weights=None)
         x = torch.randn(batch, 3, 224, 224, device=device)
     return model.to(device).eval(), x
+
+
+def job_spec(text, modes=("",)):
+    """(model, batch, train) from MODEL:BATCH, or with "train" among `modes` MODEL:BATCH:train
+    (argparse's type for the workloads' job options)."""
+    name, _, rest = text.partition(":")
+    batch, _, mode = rest.partition(":")
+    want = " or ".join(f"MODEL:BATCH{':' + m if m else ''}" for m in modes)
+    if name not in MODELS or not batch.isdigit() or int(batch) < 1 or mode not in modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: want {want}, MODEL one of {', '.join(MODELS)}, BATCH >= 1")
+    return name, int(batch), mode == "train"
 
 
 def wait_for_start():

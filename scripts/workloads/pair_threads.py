@@ -15,25 +15,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import make_step  # noqa: E402
-from models import MODELS, build  # noqa: E402
+from models import build, job_spec  # noqa: E402
 from serve import add_service_options, build_service, check_service, serve, warm  # noqa: E402
 from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
-def spec(text, modes=("",)):
-    """MODEL:BATCH, or with "train" among `modes` MODEL:BATCH:train."""
-    name, _, rest = text.partition(":")
-    batch, _, mode = rest.partition(":")
-    want = " or ".join(f"MODEL:BATCH{':' + m if m else ''}" for m in modes)
-    if name not in MODELS or not batch.isdigit() or int(batch) < 1 or mode not in modes:
-        raise argparse.ArgumentTypeError(f"{text!r}: want {want}, MODEL one of {', '.join(MODELS)}, BATCH >= 1")
-    return name, int(batch), mode == "train"
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hp", type=spec, default=("resnet18", 4, False), help="MODEL:BATCH")
-    p.add_argument("--lp", type=lambda text: spec(text, ("", "train")), default=("resnet50", 16, False),
+    p.add_argument("--hp", type=job_spec, default=("resnet18", 4, False), help="MODEL:BATCH")
+    p.add_argument("--lp", type=lambda text: job_spec(text, ("", "train")), default=("resnet50", 16, False),
                    help="MODEL:BATCH, or MODEL:BATCH:train for training steps")
     p.add_argument("--rate", type=float, default=20.0)
     add_service_options(p)

@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
-from models import GPT2_TOKENS, MODELS, build, wait_for_start  # noqa: E402
+from models import GPT2_TOKENS, MODELS, build, job_spec, wait_for_start  # noqa: E402
 from batch import make_step  # noqa: E402
 
 PROMPT_TOKENS = 32               # --decode-tokens: the prompt's length unless --prompt-tokens says
@@ -129,13 +129,24 @@ class GapWork:
 
 
 def gap_job(spec):
-    """(model name, batch, train) from --between-requests MODEL:BATCH[:train]; ValueError if it is not one."""
-    name, _, rest = spec.partition(":")
-    batch, _, mode = rest.partition(":")
-    if name not in MODELS or not batch.isdigit() or int(batch) < 1 or mode not in ("", "train"):
+    """(model name, batch, train) from --between-requests MODEL:BATCH[:train] (models.job_spec); ValueError
+    if it is not one."""
+    try:
+        return job_spec(spec, ("", "train"))
+    except argparse.ArgumentTypeError:
         raise ValueError(f"--between-requests wants MODEL:BATCH[:train] with MODEL one of {', '.join(MODELS)}, "
-                         f"got {spec!r}")
-    return name, int(batch), mode == "train"
+                         f"got {spec!r}") from None
+
+
+def check_gap_work(spec):
+    """Why --between-requests cannot run, or None."""
+    if spec is None:
+        return None
+    try:
+        gap_job(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def gap_work(spec):
@@ -181,15 +192,6 @@ def main():
     start_at = wait_for_start()
     lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
     print(json.dumps({"hp_latencies_s": lat, **(between.report() if between else {})}), flush=True)
-
-
-def check_gap_work(spec):
-    """Why --between-requests cannot run, or None."""
-    try:
-        spec is None or gap_job(spec)
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 if __name__ == "__main__":
