@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "scripts" / "workloads"
 sys.path.insert(0, str(REPO / "scripts"))
-from benchlib import latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
+from benchlib import git_revision_of, latency_summary, provenance, run_together, write_results, xsched_run  # noqa: E402
 
 PAIRS = {                       # name: (HP model, batch[, service]), (LP model, batch[, "train"])
     "r18b4-r50b16": (("resnet18", 4), ("resnet50", 16)),
@@ -166,6 +166,13 @@ def measure(args, doc):
                 run(variant, pair, seconds)
 
 
+def baseline_provenance(checkout):
+    """What a results file records of the --baseline tree: its path and commit (git's, else
+    BENCH_BASELINE_REVISION, as for a `git archive` copied to the device machine, else "unknown")."""
+    return {"checkout": str(Path(checkout).resolve()),
+            "git_revision": git_revision_of(checkout) or os.environ.get("BENCH_BASELINE_REVISION", "unknown")}
+
+
 def co_run_variants(mode, args):
     """The co-runs of one mode, in the order they run."""
     scheduled = "xsched" if mode == "processes" else "xsched-threads"
@@ -281,7 +288,8 @@ def main():
            "seconds": {k: co_run_seconds(args, k) for k in args.pairs},
            "alone_seconds": args.alone_seconds, "window_us": args.window_us, "modes": args.modes,
            "pairs": {k: PAIRS[k] for k in args.pairs}, "rep": args.rep,
-           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "rows": []}
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           **({"baseline": baseline_provenance(args.baseline)} if args.baseline else {}), "rows": []}
     print(f"{doc['card']}, {doc['cpu_count']} CPUs, {doc['git_revision']}{' (dirty)' if doc['git_dirty'] else ''}",
           flush=True)
     measure(args, doc)

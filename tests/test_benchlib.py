@@ -141,3 +141,15 @@ def test_the_perfect_preemption_baseline_runs_the_pairs_batch_job_between_the_se
         [sys.executable, str(REPO / "scripts" / "workloads" / "serve.py"), "--between-requests", "resnet50"],
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--between-requests wants MODEL:BATCH[:train]" in out.stderr
+
+
+def test_an_ab_records_which_commit_its_baseline_tree_was(other_tree, monkeypatch):
+    """A results file of two schedulers names both: the baseline's commit from git where the tree is a
+    checkout, else from BENCH_BASELINE_REVISION (a `git archive` copied to the device machine)."""
+    import bench_two_models
+    monkeypatch.delenv("BENCH_BASELINE_REVISION", raising=False)
+    assert bench_two_models.baseline_provenance(other_tree)["git_revision"] == "unknown"
+    monkeypatch.setenv("BENCH_BASELINE_REVISION", "c8ac8ca")
+    assert bench_two_models.baseline_provenance(other_tree) == {"checkout": str(other_tree.resolve()),
+                                                               "git_revision": "c8ac8ca"}
+    assert bench_two_models.baseline_provenance(REPO)["git_revision"] == benchlib.git_revision_of(REPO)
