@@ -130,6 +130,11 @@ def summarize(raw):
     out = {}
     if "hp_latencies_s" in raw:
         out.update(latency_summary(raw["hp_latencies_s"]), hp_requests=len(raw["hp_latencies_s"]))
+        # every request, in arrival order (ms, to the µs): where a tail is, and whether it was a late start
+        out["hp_latencies_ms"] = [round(s * 1e3, 3) for s in raw["hp_latencies_s"]]
+    if "hp_wake_late_s" in raw:
+        out.update(latency_summary(raw["hp_wake_late_s"], prefix="hp_wake_late"))
+        out["hp_wake_late_ms"] = [round(s * 1e3, 3) for s in raw["hp_wake_late_s"]]
     if "lp_iters_per_s" in raw:
         out["lp_iters_per_s"] = raw["lp_iters_per_s"]
     out.update({k: v for k, v in raw.items() if k.startswith("gap_")})
@@ -144,7 +149,8 @@ def measure(args, doc):
         r = summarize(merged(run_together(commands(variant, pair, seconds, args.window_us), seconds + 180, checkout)))
         row = {"pair": pair, "variant": variant, "wall_s": round(time.monotonic() - t, 1), **r}
         doc["rows"].append(row)
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                          if not isinstance(v, list)}), flush=True)
         return r
 
     hp_alone = {}

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 
-def open_loop(rate, seconds, request, warmup_s=0.0, t0=None, between=None):
+def open_loop(rate, seconds, request, warmup_s=0.0, t0=None, between=None, wake_late=None):
     """Call `request()` at `rate` per second for `seconds` (arrivals on a fixed schedule, whatever
     the previous request took). Returns latencies (completion - scheduled arrival) after warm-up.
     `between(next_arrival)`, if given, runs after each request's latency is taken (other work in the
-    gap, timed by the caller's own clock)."""
+    gap, timed by the caller's own clock). `wake_late`, if a list, gets for each of those requests how
+    long after its arrival its call began (a late wake-up, the GIL, or the previous request still
+    running): the part of a latency that is not the request's own."""
     t0 = time.monotonic() if t0 is None else t0
     latencies = []
     i = 0
@@ -25,9 +27,12 @@ def open_loop(rate, seconds, request, warmup_s=0.0, t0=None, between=None):
         delay = arrival - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        began = time.monotonic()
         request()
         if arrival - t0 >= warmup_s:
             latencies.append(time.monotonic() - arrival)
+            if wake_late is not None:
+                wake_late.append(began - arrival)
         i += 1
         if between is not None:
             between(t0 + i / rate)

@@ -153,3 +153,23 @@ def test_an_ab_records_which_commit_its_baseline_tree_was(other_tree, monkeypatc
     assert bench_two_models.baseline_provenance(other_tree) == {"checkout": str(other_tree.resolve()),
                                                                "git_revision": "c8ac8ca"}
     assert bench_two_models.baseline_provenance(REPO)["git_revision"] == benchlib.git_revision_of(REPO)
+
+
+def test_the_open_loop_tells_a_late_start_from_a_slow_request(monkeypatch):
+    """A request that begins late (the previous one overran its arrival) shows in wake_late; a slow
+    one shows only in its latency. The results row keeps both, request by request."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(benchlib.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(benchlib.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+    durations = iter([0.001, 0.150, 0.001, 0.001, 0.001])     # the second overruns the next two arrivals
+
+    def request():
+        clock["now"] += next(durations)
+    late = []
+    latencies = benchlib.open_loop(10, 0.4, request, t0=0.0, wake_late=late)
+    assert [round(x, 3) for x in latencies] == [0.001, 0.150, 0.051, 0.001, 0.001]
+    assert [round(x, 3) for x in late] == [0.0, 0.0, 0.050, 0.0, 0.0]
+    import bench_two_models
+    row = bench_two_models.summarize({"hp_latencies_s": latencies, "hp_wake_late_s": late})
+    assert row["hp_max_ms"] == pytest.approx(150) and row["hp_wake_late_max_ms"] == pytest.approx(50)
+    assert row["hp_latencies_ms"][2] == pytest.approx(51) and row["hp_wake_late_ms"][2] == pytest.approx(50)

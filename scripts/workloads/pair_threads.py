@@ -96,7 +96,7 @@ def main():
 
         def service(m, x, request, t, gate):
             if args.hp_hold_ms is None:
-                return {"hp_latencies_s": serve(m, x, args.rate, args.seconds, args.warmup_s, t, request)}
+                return serve(m, x, args.rate, args.seconds, args.warmup_s, t, request)
             return {"hp_latencies_s": open_loop(args.rate, args.seconds, lambda: hold_only(gate), args.warmup_s, t)}
         threads.append(threading.Thread(target=role, args=("hp", 10, service)))
     if not args.no_lp:

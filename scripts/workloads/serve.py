@@ -92,10 +92,14 @@ def check_service(name, batch, decode_tokens, prompt_tokens):
 
 
 def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass, between=None):
-    """Open-loop arrivals from start_at; latencies of the requests after warmup_s."""
+    """Open-loop arrivals from start_at: the latencies of the requests after warmup_s, and how late
+    each began (benchlib.open_loop), as the service's part of the output."""
     import torch
+    wake_late = []
     with torch.no_grad():
-        return open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at, between=between)
+        latencies = open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at, between=between,
+                              wake_late=wake_late)
+    return {"hp_latencies_s": latencies, "hp_wake_late_s": wake_late}
 
 
 class GapWork:
@@ -190,8 +194,8 @@ def main():
     warm(model, x, request=request)
     between = gap_work(args.between_requests) if args.between_requests else None
     start_at = wait_for_start()
-    lat = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
-    print(json.dumps({"hp_latencies_s": lat, **(between.report() if between else {})}), flush=True)
+    served = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
+    print(json.dumps({**served, **(between.report() if between else {})}), flush=True)
 
 
 if __name__ == "__main__":
