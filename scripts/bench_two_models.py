@@ -142,6 +142,12 @@ def summarize(raw):
     return out
 
 
+def _brief(record):
+    """A row for the log: its numbers, without the per-request series (they are in the results file)."""
+    return {k: _brief(v) if isinstance(v, dict) else round(v, 3) if isinstance(v, float) else v
+            for k, v in record.items() if not isinstance(v, (list, str)) or k in ("pair", "variant")}
+
+
 def measure(args, doc):
     def run(variant, pair, seconds):
         t = time.monotonic()
@@ -149,8 +155,7 @@ def measure(args, doc):
         r = summarize(merged(run_together(commands(variant, pair, seconds, args.window_us), seconds + 180, checkout)))
         row = {"pair": pair, "variant": variant, "wall_s": round(time.monotonic() - t, 1), **r}
         doc["rows"].append(row)
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
-                          if not isinstance(v, list)}), flush=True)
+        print(json.dumps(_brief(row)), flush=True)
         return r
 
     hp_alone = {}

@@ -574,3 +574,21 @@ def test_the_report_splits_request_latencies_into_protected_and_exposed():
     stats = p.stats()
     assert stats["protected_ms"] == {"n": 101, "p50": 51.0, "p99": 100.0, "max": 101.0}
     assert stats["exposed_ms"] == {"n": 1, "p50": 250.0, "p99": 250.0, "max": 250.0}
+
+
+def test_the_report_keeps_each_request_in_order_with_the_phase_it_ran_in():
+    """The timeline: which requests were protected or exposed, when, and in which phase (warming up,
+    the baseline, a probe, an exposure and its refreshes), each with its latency, so a slow protected
+    request can be told from one that waited for what an exposure let lower clients queue."""
+    p = Protection(0.10)
+    kinds = serve(p, 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS + 2 * REFRESH_EVERY, exposed_cost_ms=0.05)
+    timeline, latencies = p.stats()["timeline"], p.stats()["timeline_ms"]
+    assert len(timeline) == len(latencies) == len(kinds)
+    assert [phase.isupper() for phase in timeline] == kinds
+    assert timeline.startswith("W" * BASELINE_REQUESTS + "P" * BASELINE_REQUESTS)
+    probe_ends = 2 * BASELINE_REQUESTS + 2 * PROBE_REQUESTS - 1     # its last exposed request passed it
+    assert timeline[2 * BASELINE_REQUESTS:probe_ends] == "xQ" * (PROBE_REQUESTS - 1) + "x"
+    exposure = timeline[probe_ends:]
+    assert set(exposure) == {"e", "R"} and exposure.count("R") == -(-len(exposure) // REFRESH_EVERY)
+    assert latencies[0] == pytest.approx(latency(0) * 1e3)
+    assert latencies[2 * BASELINE_REQUESTS] == pytest.approx(latency(2 * BASELINE_REQUESTS, 0.05) * 1e3)

@@ -94,7 +94,14 @@ FAR_OVERRUN_ALARM = 1.0
 # chance_rate before any protected request was compared with the bound: one in 32, worth 32 of them
 CHANCE_PRIOR = (1, 32)
 FAR_CHANCE_PRIOR = 0.125                # ... and of a far one: one in 256
-REPORTED = 8192                # requests' latencies kept for the report, the latest of each kind
+REPORTED = 8192                # requests kept for the report (the timeline), the latest
+# How each reported request ran, as the timeline spells it: protected (upper case) or exposed (lower
+# case), and in which phase of the protection it ended. Whether a tail is the exposed requests' or the
+# protected ones', and which protected ones: the service's own (P), or those that wait for what lower
+# clients queued under an exposure (R, Q).
+PHASES = {"W": "protected, warming up", "P": "protected", "Q": "protected, between a probe's exposed requests",
+          "R": "protected while exposing (a refresh)", "x": "exposed, a probe's", "e": "exposed while exposing",
+          "o": "exposed, ended after its verdict was taken back"}
 
 
 class _Verdict(NamedTuple):
@@ -136,9 +143,8 @@ class Protection:
         self.exposed_requests = 0
         self.overruns = 0
         self.new_baselines = 0
-        # every request's latency by how it ran (the latest REPORTED of each), for reports: is a tail the
-        # exposed requests' or the protected ones'?
-        self._reported = {True: deque(maxlen=REPORTED), False: deque(maxlen=REPORTED)}
+        # (phase, latency) of the latest REPORTED requests in the order they ended (PHASES), for reports
+        self._timeline = deque(maxlen=REPORTED)
 
     def protect_next(self):
         """Whether the request starting now is protected."""
@@ -176,7 +182,7 @@ class Protection:
 
     def finished(self, protected, latency_s):
         """A request ended (its GPU work completed) `latency_s` after it began."""
-        self._reported[bool(protected)].append(latency_s)
+        self._timeline.append((self._phase(protected), latency_s))
         if protected:
             self._until_probe -= 1
             if self._warming_up:
@@ -219,6 +225,12 @@ class Protection:
                                - EXCESS_FAR_OVERRUNS)
         if self._excess >= OVERRUN_ALARM or self._far_excess >= FAR_OVERRUN_ALARM:
             self._verdict(False)
+
+    def _phase(self, protected):
+        """The request ending now, as PHASES names it (before it changes the state)."""
+        if protected:
+            return "W" if self._warming_up else "R" if self.exposing else "Q" if self._probe_left else "P"
+        return "e" if self.exposing else "x" if self._probe_left else "o"
 
     def _forget_chance(self):
         """Back to the priors: the protected requests that overran the bound in force, of those
@@ -295,7 +307,10 @@ class Protection:
         return {"latency_slack": self.slack, "exposing": self.exposing, "probes": self.probes,
                 "exposed_requests": self.exposed_requests, "overruns": self.overruns,
                 "new_baselines": self.new_baselines,
-                "protected_ms": _summary_ms(self._reported[True]), "exposed_ms": _summary_ms(self._reported[False])}
+                "protected_ms": _summary_ms([t for phase, t in self._timeline if phase.isupper()]),
+                "exposed_ms": _summary_ms([t for phase, t in self._timeline if phase.islower()]),
+                "timeline": "".join(phase for phase, _ in self._timeline),
+                "timeline_ms": [round(t * 1e3, 3) for _, t in self._timeline]}
 
 
 def _rank(ordered, q):
