@@ -106,6 +106,7 @@ def xsched(*args, env=None, cwd=None):
     (["run", "--window-us", "nan", "--", "true"], 2, "argument --window-us: must be >= 0"),
     (["run", "--window-us", "inf", "--", "true"], 2, "argument --window-us: must be >= 0 and finite"),
     (["--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["status", "--bogus"], 2, "xsched-lv3 status: error: unrecognized arguments: --bogus"),   # the command's usage
     ([], 2, "a COMMAND is required"),
 ])
 def test_cli_errors_are_one_line(args, code, needle):

@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from kfdtool.cli.argtypes import non_empty
+from kfdtool.cli.argtypes import non_empty, parse_command_line
 
 from .board import Board
 from .policy import HINTS, POLICIES, check_hint
@@ -340,7 +340,7 @@ def _board_problem(error):
 def main(argv=None):
     from kfdtool.errors import Error as KfdError
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if args.command is None:
         parser.error("a COMMAND is required (xsched-lv3 --help lists them)")
     if sys.stdout is None and args.run not in (cmd_run, cmd_daemon):

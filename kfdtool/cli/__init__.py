@@ -8,7 +8,7 @@ import sys
 
 from .. import __version__
 from ..errors import Error
-from .argtypes import non_empty
+from .argtypes import non_empty, parse_command_line
 from .commands import COMMANDS
 from .context import Context
 
@@ -80,7 +80,7 @@ def main(argv=None):
         print("kfdtool: standard output is closed", file=sys.stderr)
         return 1
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if args.command is None:
         parser.error("a COMMAND is required (kfdtool --help lists them)")
     if args.wide:

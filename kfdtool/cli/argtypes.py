@@ -54,3 +54,14 @@ def grace_period(text):
     if value > 255:
         raise argparse.ArgumentTypeError(f"the grace period is 0-255 (1K GPU clocks), got {text}")
     return value
+
+
+def parse_command_line(parser, argv=None):
+    """`parser.parse_args(argv)`, except that an option the command does not take is reported by that
+    command's parser (its usage line, not the whole program's), as `kfdtool queues --frob` should be."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+        owner = commands.get(getattr(args, "command", None)) or parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
