@@ -158,6 +158,7 @@ def test_unreadable_topology_file(tmp_path):
     (["--sim", "mi308x", "preempt", "--pid", "1", "--for", "0"], "must be above zero"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),        # named, not "COMMAND is required"
     (["--sim", "mi308x", "queues", "--frob"], "kfdtool queues: error: unrecognized arguments: --frob"),  # its usage
+    (["sim", "start", "mi210", "--frob"], "kfdtool sim start: error: unrecognized arguments: --frob"),  # the deepest
     ([], "a COMMAND is required"),
     (["--wide"], "a COMMAND is required"),
 ])

@@ -595,3 +595,69 @@ def test_the_report_keeps_each_request_in_order_with_the_phase_it_ran_in():
     assert set(exposure) == {"e", "R"} and exposure.count("R") == -(-len(exposure) // REFRESH_EVERY)
     assert latencies[0] == pytest.approx(latency(0) * 1e3)
     assert latencies[2 * BASELINE_REQUESTS] == pytest.approx(latency(2 * BASELINE_REQUESTS, 0.05) * 1e3)
+
+
+def test_the_timeline_keeps_the_latest_requests_and_says_where_it_begins(monkeypatch):
+    import xsched_lv3.protection as protection
+    monkeypatch.setattr(protection, "REPORTED", 50)
+    p = Protection(0.10)
+    serve(p, 2 * BASELINE_REQUESTS + 10, exposed_cost_ms=0.05)
+    stats = p.stats()
+    assert len(stats["timeline"]) == len(stats["timeline_ms"]) == 50
+    assert stats["timeline_from"] == 2 * BASELINE_REQUESTS + 10 - 50
+    assert stats["timeline"].startswith("W" * (BASELINE_REQUESTS - stats["timeline_from"]) + "P")
+
+
+def test_an_exposed_request_that_ends_after_its_probe_failed_is_labelled_so():
+    """Requests overlap (a service with several threads): one exposed request's overrun ends the probe
+    while another exposed one is still running; that one ends under no probe and no exposure ("o")."""
+    p = Protection(0.10)
+    serve(p, 2 * BASELINE_REQUESTS, exposed_cost_ms=0.0)
+    assert [p.protect_next(), p.protect_next(), p.protect_next()] == [False, True, False]   # x, Q, x begun
+    p.finished(False, 1.0)                    # the first exposed one overran: the probe fails
+    p.finished(True, latency(0))
+    p.finished(False, latency(1))
+    assert p.stats()["timeline"][-3:] == "xPo"
+
+
+def test_a_report_taken_while_requests_end_on_another_thread_never_fails():
+    """The gate's watcher thread ends busy periods while a report is written (`XSCHED_LV3_REPORT` at
+    exit, a benchmark's thread): a report is a consistent copy, never 'deque mutated during iteration'."""
+    p = Protection(0.10)
+    stop = threading.Event()
+
+    def end_requests():
+        while not stop.is_set():
+            p.finished(p.protect_next(), 0.002)
+    worker = threading.Thread(target=end_requests)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)               # hand the GIL over as often as the interpreter allows
+    worker.start()
+    try:
+        for _ in range(200):
+            stats = p.stats()
+            assert len(stats["timeline"]) == len(stats["timeline_ms"])
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(previous)
+
+
+def test_a_replay_of_recorded_latencies_reproduces_the_services_verdicts(tmp_path):
+    """scripts/protection_replay.py: the latencies a results file recorded, fed to this tree's rule
+    after as many unrecorded warm-up periods as the gate reported, give its probes and exposures."""
+    import json
+    import subprocess
+    p = Protection(0.10)
+    kinds = serve(p, 20 + 300, exposed_cost_ms=0.05)          # 20 before the benchmark counted any
+    recorded = [round(latency(i, 0.0 if protected else 0.05) * 1e3, 3) for i, protected in enumerate(kinds)][20:]
+    gate = {"latency_slack": 0.10, "probes": p.probes, "exposed_requests": p.exposed_requests,
+            "protected_ms": {"n": kinds.count(True)}, "exposed_ms": {"n": kinds.count(False)}}
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps({"rows": [{"pair": "a", "variant": "xsched", "hp_latencies_ms": recorded,
+                                             "hp_gate": gate}]}))
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "protection_replay.py"),
+                          str(results)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert p.probes >= 1 and f"replay: {p.probes} probes, {p.exposed_requests} exposed; recorded: " \
+        f"{p.probes}, {p.exposed_requests}\n" in out.stdout and "exposing" in out.stdout

@@ -94,9 +94,10 @@ FAR_OVERRUN_ALARM = 1.0
 # chance_rate before any protected request was compared with the bound: one in 32, worth 32 of them
 CHANCE_PRIOR = (1, 32)
 FAR_CHANCE_PRIOR = 0.125                # ... and of a far one: one in 256
-REPORTED = 8192                # requests kept for the report (the timeline), the latest
+REPORTED = 8192                # busy periods kept for the report (the timeline), the latest of either kind
 # How each reported request ran, as the timeline spells it: protected (upper case) or exposed (lower
-# case), and in which phase of the protection it ended. Whether a tail is the exposed requests' or the
+# case), and in which phase of the protection it ended. (What the gate judges is a busy period: one
+# request, or a few whose GPU work ran back to back.) Whether a tail is the exposed requests' or the
 # protected ones', and which protected ones: the service's own (P), or those that wait for what lower
 # clients queued under an exposure (R, Q).
 PHASES = {"W": "protected, warming up", "P": "protected", "Q": "protected, between a probe's exposed requests",
@@ -143,8 +144,10 @@ class Protection:
         self.exposed_requests = 0
         self.overruns = 0
         self.new_baselines = 0
-        # (phase, latency) of the latest REPORTED requests in the order they ended (PHASES), for reports
+        # (number, phase, latency) of the latest REPORTED requests in the order they ended (PHASES), for
+        # reports; numbered from 0 in that order, so a report says where its timeline begins
         self._timeline = deque(maxlen=REPORTED)
+        self._ended = 0
 
     def protect_next(self):
         """Whether the request starting now is protected."""
@@ -182,7 +185,8 @@ class Protection:
 
     def finished(self, protected, latency_s):
         """A request ended (its GPU work completed) `latency_s` after it began."""
-        self._timeline.append((self._phase(protected), latency_s))
+        self._timeline.append((self._ended, self._phase(protected), latency_s))
+        self._ended += 1
         if protected:
             self._until_probe -= 1
             if self._warming_up:
@@ -304,14 +308,18 @@ class Protection:
         self.refreshed.clear()
 
     def stats(self):
+        # a copy first, made in one C call: the gate's watcher thread may end a request meanwhile, and a
+        # deque changed under a Python-level iteration raises
+        timeline = list(self._timeline)
         return {"latency_slack": self.slack, "exposing": self.exposing, "probes": self.probes,
                 "exposed_requests": self.exposed_requests, "overruns": self.overruns,
                 "new_baselines": self.new_baselines,
                 # past the warm-up (its first requests take hundreds of ms: lazy set-up, not the service)
-                "protected_ms": _summary_ms([t for phase, t in self._timeline if phase.isupper() and phase != "W"]),
-                "exposed_ms": _summary_ms([t for phase, t in self._timeline if phase.islower()]),
-                "timeline": "".join(phase for phase, _ in self._timeline),
-                "timeline_ms": [round(t * 1e3, 3) for _, t in self._timeline]}
+                "protected_ms": _summary_ms([t for _, phase, t in timeline if phase.isupper() and phase != "W"]),
+                "exposed_ms": _summary_ms([t for _, phase, t in timeline if phase.islower()]),
+                "timeline": "".join(phase for _, phase, _ in timeline),
+                "timeline_ms": [round(t * 1e3, 3) for _, _, t in timeline],
+                "timeline_from": timeline[0][0] if timeline else 0}
 
 
 def _rank(ordered, q):

@@ -58,10 +58,20 @@ def grace_period(text):
 
 def parse_command_line(parser, argv=None):
     """`parser.parse_args(argv)`, except that an option the command does not take is reported by that
-    command's parser (its usage line, not the whole program's), as `kfdtool queues --frob` should be."""
+    command's parser (its usage line, not the whole program's), as `kfdtool queues --frob` should be:
+    the deepest command chosen (`kfdtool sim start --frob` is `sim start`'s)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
-        owner = commands.get(getattr(args, "command", None)) or parser
-        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def _chosen_parser(parser, args):
+    """The parser of the command that `args` chose, following its subcommands down (argparse keeps
+    a command's parser only in the action that chose it)."""
+    while True:
+        choosing = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, choosing.dest, None) if choosing is not None else None
+        if chosen not in getattr(choosing, "choices", {}):
+            return parser
+        parser = choosing.choices[chosen]
