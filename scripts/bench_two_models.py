@@ -260,7 +260,33 @@ def table(paths):
     notes = "".join(f"\n{Path(path).name}: {doc['harness_note']}\n" for path, doc in zip(paths, docs)
                     if doc.get("harness_note"))          # rows that are not what their names say
     return "\n".join(lines) + (f"\n\n{', '.join(cards)}, revision {', '.join(revisions)}; median (min–max) of the "
-                               f"ratios over the runs; HP P50 / P99: medians over the runs.\n") + notes
+                               f"ratios over the runs; HP P50 / P99: medians over the runs.\n") + \
+        stalls_note(docs, names, order) + notes
+
+
+STALL_FACTOR = 3        # a request this many times the service's P50 alone is counted as a stall
+
+
+def stalls_note(docs, names, order):
+    """Per pair, how many requests of each variant took over STALL_FACTOR x the service's P50 alone (the
+    same run's), over the runs that recorded every request: a host that stalls shows in every variant,
+    the service alone included, and a ratio of P99s there measures the host."""
+    counts = {}
+    for doc in docs:
+        for pair in dict.fromkeys(r["pair"] for r in doc["rows"]):
+            rows = [r for r in doc["rows"] if r["pair"] == pair and "hp_latencies_ms" in r]
+            alone = [r["hp_p50_ms"] for r in rows if r["variant"] == "hp-alone"]
+            for r in rows if alone else ():
+                got = counts.setdefault(pair, {}).setdefault(r["variant"], [0, 0])
+                got[0] += sum(ms > STALL_FACTOR * alone[0] for ms in r["hp_latencies_ms"])
+                got[1] += len(r["hp_latencies_ms"])
+    lines = [f"- {names[pair]}: " + ", ".join(f"{v} {counts[pair][v][0]} of {counts[pair][v][1]}"
+                                              for v in order if v in counts[pair])
+             for pair in PAIRS if pair in counts]
+    if not lines:
+        return ""
+    return (f"\nRequests over {STALL_FACTOR}x the service's P50 alone (the same run's), over the runs that recorded "
+            f"every request:\n" + "\n".join(lines) + "\n")
 
 
 def main():

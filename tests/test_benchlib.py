@@ -173,3 +173,19 @@ def test_the_open_loop_tells_a_late_start_from_a_slow_request(monkeypatch):
     row = bench_two_models.summarize({"hp_latencies_s": latencies, "hp_wake_late_s": late})
     assert row["hp_max_ms"] == pytest.approx(150) and row["hp_wake_late_max_ms"] == pytest.approx(50)
     assert row["hp_latencies_ms"][2] == pytest.approx(51) and row["hp_wake_late_ms"][2] == pytest.approx(50)
+
+
+def test_the_table_counts_the_requests_a_stalling_host_slowed_in_every_variant():
+    """Under the table: per pair and variant, the requests over STALL_FACTOR x the service's P50 alone,
+    from runs that recorded every request (a host that stalls shows in the service alone too)."""
+    import bench_two_models
+    fast, stalled = [3.0] * 98, [3.0] * 95 + [40.0] * 3
+    doc = {"rows": [
+        {"pair": "r18b4-r50b16", "variant": "hp-alone", "hp_p50_ms": 3.0, "hp_latencies_ms": stalled},
+        {"pair": "r18b4-r50b16", "variant": "xsched", "hp_p50_ms": 3.0, "hp_latencies_ms": fast + [9.5, 8.9]},
+        {"pair": "r18b4-r50b64", "variant": "xsched", "hp_p50_ms": 3.0},      # no per-request record: not counted
+    ]}
+    note = bench_two_models.stalls_note([doc, doc], {"r18b4-r50b16": "b16", "r18b4-r50b64": "b64"},
+                                        ["hp-alone", "xsched"])
+    assert "- b16: hp-alone 6 of 196, xsched 2 of 200\n" in note and "b64" not in note
+    assert bench_two_models.stalls_note([{"rows": doc["rows"][2:]}], {}, []) == ""
