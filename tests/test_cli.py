@@ -159,6 +159,7 @@ def test_unreadable_topology_file(tmp_path):
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),        # named, not "COMMAND is required"
     (["--sim", "mi308x", "queues", "--frob"], "kfdtool queues: error: unrecognized arguments: --frob"),  # its usage
     (["sim", "start", "mi210", "--frob"], "kfdtool sim start: error: unrecognized arguments: --frob"),  # the deepest
+    (["--frob", "--sim", "mi308x", "queues"], "kfdtool: error: unrecognized arguments: --frob"),     # not queues'
     ([], "a COMMAND is required"),
     (["--wide"], "a COMMAND is required"),
 ])

@@ -2,6 +2,7 @@
 exit code 2) at parse time, before any command does anything."""
 import argparse
 import math
+import sys
 
 
 def _number(kind, text, low, inclusive, high=None):
@@ -62,7 +63,11 @@ def parse_command_line(parser, argv=None):
     the deepest command chosen (`kfdtool sim start --frob` is `sim start`'s)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        tokens = sys.argv[1:] if argv is None else list(argv)
+        command = getattr(args, "command", None)
+        before_command = command in tokens and unknown[0] in tokens and tokens.index(unknown[0]) < tokens.index(command)
+        owner = parser if before_command else _chosen_parser(parser, args)     # `kfdtool --frob queues`: the program's
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
 
 
