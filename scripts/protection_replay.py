@@ -50,24 +50,30 @@ def main():
         try:
             with open(path) as f:
                 doc = json.load(f)
+            report(path, doc)
         except (OSError, ValueError) as e:
             sys.exit(f"protection_replay: {path}: {e}")
-        for row in doc.get("rows", []):
-            gate = row.get("hp_gate")
-            if not gate or "hp_latencies_ms" not in row:
-                continue
-            print(f"{path}: {row['pair']} {row['variant']}")
-            if "timeline" in gate:
-                print(f"  recorded timeline from busy period {gate.get('timeline_from', 0)}: {gate['timeline']}")
-                continue
-            latencies = row["hp_latencies_ms"]
-            unrecorded = gate["protected_ms"]["n"] + (gate["exposed_ms"] or {"n": 0})["n"] - len(latencies)
-            probes, exposed, events = replay(latencies, max(0, unrecorded), gate["latency_slack"])
-            for event in events:
-                print("  " + event)
-            same = (probes, exposed) == (gate["probes"], gate["exposed_requests"])
-            print(f"  replay: {probes} probes, {exposed} exposed; recorded: {gate['probes']}, "
-                  f"{gate['exposed_requests']}{'' if same else '  (DIFFERENT: the replay does not hold here)'}")
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            sys.exit(f"protection_replay: {path}: not a bench_two_models results file ({type(e).__name__}: {e})")
+
+
+def report(path, doc):
+    for row in doc.get("rows", []):
+        gate = row.get("hp_gate")
+        if not gate or "hp_latencies_ms" not in row:
+            continue
+        print(f"{path}: {row['pair']} {row['variant']}")
+        if "timeline" in gate:
+            print(f"  recorded timeline from busy period {gate.get('timeline_from', 0)}: {gate['timeline']}")
+            continue
+        latencies = row["hp_latencies_ms"]
+        unrecorded = gate["protected_ms"]["n"] + (gate["exposed_ms"] or {"n": 0})["n"] - len(latencies)
+        probes, exposed, events = replay(latencies, max(0, unrecorded), gate["latency_slack"])
+        for event in events:
+            print("  " + event)
+        same = (probes, exposed) == (gate["probes"], gate["exposed_requests"])
+        print(f"  replay: {probes} probes, {exposed} exposed; recorded: {gate['probes']}, "
+              f"{gate['exposed_requests']}{'' if same else '  (DIFFERENT: the replay does not hold here)'}")
 
 
 if __name__ == "__main__":

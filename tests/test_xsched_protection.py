@@ -661,3 +661,6 @@ def test_a_replay_of_recorded_latencies_reproduces_the_services_verdicts(tmp_pat
     assert out.returncode == 0, out.stderr
     assert p.probes >= 1 and f"replay: {p.probes} probes, {p.exposed_requests} exposed; recorded: " \
         f"{p.probes}, {p.exposed_requests}\n" in out.stdout and "exposing" in out.stdout
+    results.write_text("[1, 2]")                                # not a results file: one line, no traceback
+    bad = subprocess.run(out.args, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "not a bench_two_models results file" in bad.stderr and "Traceback" not in bad.stderr
