@@ -20,7 +20,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from xsched_lv3.protection import PROBE_REQUESTS, Protection  # noqa: E402
+from xsched_lv3.protection import Protection  # noqa: E402
 
 
 def replay(latencies_ms, unrecorded, slack):
@@ -28,8 +28,9 @@ def replay(latencies_ms, unrecorded, slack):
     protection, events = Protection(slack), []
     filler = statistics.median(latencies_ms)
     for i, ms in enumerate([filler] * unrecorded + latencies_ms):
+        probes = protection.probes
         protected = protection.protect_next()
-        if not protected and protection._probe_left == PROBE_REQUESTS:       # a probe's first exposed request
+        if protection.probes > probes:                                      # this request begins a probe
             history = sorted(protection.protected)
             events.append(f"request {i - unrecorded}: probe against a bound of {protection.overrun_bound_s() * 1e3:.2f} ms "
                           f"from {len(history)} protected, the slowest {[round(x * 1e3, 1) for x in history[-8:]]}")

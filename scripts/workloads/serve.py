@@ -132,14 +132,7 @@ class GapWork:
         return {"gap_iterations": self.iterations, "gap_late": self.late}
 
 
-def gap_job(spec):
-    """(model name, batch, train) from --between-requests MODEL:BATCH[:train] (models.job_spec); ValueError
-    if it is not one."""
-    try:
-        return job_spec(spec, ("", "train"))
-    except argparse.ArgumentTypeError:
-        raise ValueError(f"--between-requests wants MODEL:BATCH[:train] with MODEL one of {', '.join(MODELS)}, "
-                         f"got {spec!r}") from None
+GAP_JOB_MODES = ("", "train")                    # --between-requests MODEL:BATCH[:train] (models.job_spec)
 
 
 def check_gap_work(spec):
@@ -147,16 +140,16 @@ def check_gap_work(spec):
     if spec is None:
         return None
     try:
-        gap_job(spec)
-    except ValueError as e:
-        return str(e)
+        job_spec(spec, GAP_JOB_MODES)
+    except argparse.ArgumentTypeError:
+        return f"--between-requests wants MODEL:BATCH[:train] with MODEL one of {', '.join(MODELS)}, got {spec!r}"
     return None
 
 
 def gap_work(spec):
     """GapWork from --between-requests MODEL:BATCH[:train] (warmed)."""
     import torch
-    name, batch, train = gap_job(spec)
+    name, batch, train = job_spec(spec, GAP_JOB_MODES)
     with torch.set_grad_enabled(train):          # serve() runs under no_grad; a training step needs autograd
         model, x = build(name, batch)
         step = make_step(model, x, train)
