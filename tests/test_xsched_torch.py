@@ -223,6 +223,22 @@ def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
     hp.close()
 
 
+def test_a_report_keeps_the_learned_time_after_the_client_above_leaves(torch_fake):
+    """A batch job that outlives the service above it is no longer windowed when it reports at exit:
+    what its window learned is still in the report (it read None, as if nothing had been learned)."""
+    torch, gpu, xt = torch_fake
+    m = model(torch, "k", 80, 0.0004)
+    hp = other_client(xt, priority=10)
+    with xt.client(priority=0, window_us=2000) as gate:
+        m(None)
+        learned = gate.window.cmd_us
+        assert gate.window.calibrated
+        hp.close()
+        m(None)                                  # a request after the board changed: no longer guarded
+        assert gate.window is None
+        assert gate.stats()["window_cmd_us"] == learned
+
+
 class ScriptedGPU:
     """A recorder on a scripted clock: each sync point's segment takes `per_segment_s` of GPU time,
     and a wait may run `on_wait` (another client's arrival) and add its GPU time first."""

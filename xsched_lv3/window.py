@@ -9,8 +9,8 @@ window adapts to kernels of any length without a per-kernel profile.
 Sync points cost CPU time, which a launch-bound client (the CPU is its bottleneck) cannot spare and
 does not need (its GPU keeps up, so little is ever in flight). So the GPU time per command is learned
 only where the GPU is seen behind: a sync point still incomplete when the window is full is waited
-for, and two such waits, with every segment between them queued before the one ahead of it
-completed, time the GPU work of all of those segments. Until then sync points start a few commands apart and double while the
+for, and two such waits in a row, the second segment queued before the first completed, time one
+segment of pure GPU work. Until then sync points start a few commands apart and double while the
 GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-blocking query.
 "Keeping up" is judged half a window of CPU time after each sync point (`look_after`, `look_back`):
 a segment that ends at a synchronize is always complete by the next sync point, so that alone cannot
@@ -68,7 +68,6 @@ class ProgressiveWindow:
         self.since_sync_us = 0.0
         self.since_sync_n = 0
         self._chain_at = None                    # when the last waited-for sync point completed
-        self._chain_n = 0                        # ... and the commands done since, the GPU busy throughout
         self._kept_up_in_row = 0                 # sync points in a row that found the GPU keeping up
         self.per_sync = self.commands_per_sync()  # commands to launch before the next sync point
         self._recorded_at = None                 # when the latest sync point was recorded (None: paused)
@@ -106,10 +105,6 @@ class ProgressiveWindow:
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
         # half a window after the latest one the GPU had caught up with it, where that was looked at
         retired = self.retire(is_done)
-        if len(self.pending) < 2:
-            # the segment before this one is done already: the GPU may have idled before this one's
-            # commands, and an interval across it is not GPU time alone
-            self._chain_at = None
         kept_up = len(self.pending) <= 1 and (retired > 0 if self._looked is None else self._looked)
         self._looked = None
         waited = self.over()
@@ -233,15 +228,9 @@ class ProgressiveWindow:
 
     def retire(self, is_done, waited_at=None, launched_from=None):
         """Drop the sync points that already completed (`is_done(handle)` must not block).
-        `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When an
-        earlier one also completed under a wait, and every segment since was queued before the one
-        ahead of it completed (sync_point checks that as each is recorded), the GPU ran them back to
-        back: the interval is their GPU time, and the estimate learns it per command. Those done
-        without a wait count too. Why not only a segment waited for right after another: the light
-        commands of a mixed job are done before anyone waits for them, so such intervals time
-        mostly heavy ones (a ResNet-50 b64 learned 110-158 us a leaf against a mean of ~65: a sync
-        point after nearly every leaf, 0.83-0.99 of unwindowed on an H100, 1.00 when learned
-        from whole intervals; scripts/probes/window_gaps.py).
+        `waited_at`: the oldest was just waited for and completed then (the GPU was behind). When
+        the one before it also completed under a wait, with this one already queued, the GPU ran
+        this segment back to back: the interval is its GPU time, and the estimate learns from it.
 
         A segment waited for alone (nothing queued behind it) teaches nothing that way, and once the
         estimate is above the window every segment is waited for alone: a single command is over the
@@ -262,16 +251,15 @@ class ProgressiveWindow:
             handle, est, n = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
-                if self._chain_at is not None and self._chain_n + n:
-                    self._learn((waited_at - self._chain_at) * 1e6 / (self._chain_n + n))
+                if self._chain_at is not None and n:
+                    self._learn((waited_at - self._chain_at) * 1e6 / n)
                 elif not pending and launched_from is not None and n and self.cmd_us > self.window_us:
                     at_most_us = (waited_at - launched_from) * 1e6 / n
                     if at_most_us < self.cmd_us:
                         self._learn(at_most_us)
                 self._chain_at = waited_at if pending else None     # the next segment is queued behind
-                self._chain_n = 0
             else:
-                self._chain_n += n                 # done without a wait: in the chain's next interval
+                self._chain_at = None
             first = False
             retired += 1
         return retired
