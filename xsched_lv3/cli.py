@@ -95,8 +95,7 @@ def _attached_poll_ms(value):
 def build_parser():
     p = argparse.ArgumentParser(prog="xsched-lv3", description="Preemptive GPU scheduling (XSched-style, Lv1/Lv3).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # not required=True: argparse checks that before unknown options, which it would then not name
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")    # required: see parse_command_line
     d = sub.add_parser("daemon", help="run the multi-process scheduler (unix socket, no TCP)")
     d.add_argument("--policy", default="hpf", choices=list(POLICIES))
     d.add_argument("--max-level", type=int, choices=(1, 3), default=3,
@@ -341,8 +340,6 @@ def main(argv=None):
     from kfdtool.errors import Error as KfdError
     parser = build_parser()
     args = parse_command_line(parser, argv)
-    if args.command is None:
-        parser.error("a COMMAND is required (xsched-lv3 --help lists them)")
     if sys.stdout is None and args.run not in (cmd_run, cmd_daemon):
         # started with stdout closed (`>&-`): nowhere to answer (a program run under us, or the
         # daemon, may well run without one)

@@ -91,7 +91,9 @@ class Gate:
         self.awaiting_device = False               # ... and would be, once this process uses a GPU (notice_device)
         self.tracking = False
         self.window = None
-        self.learned_cmd_us = None                 # the GPU time per command a window learned last (reports)
+        # the GPU time per command the last window dropped had learned: a batch job that outlives the
+        # service above it has no window left when it reports at exit
+        self._dropped_cmd_us = None
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
         self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
@@ -246,7 +248,8 @@ class Gate:
             self._per_sync, self._leaves, self._look_after = self.window.per_sync, 0, 0
             self.window.backlog(self.recorder.record())     # what we launched before is in flight too
         elif not windowed:
-            self._keep_learned(self.window)
+            if self.window is not None and self.window.calibrated:
+                self._dropped_cmd_us = self.window.cmd_us
             self.window = None
         elif self.window.window_us != window_us:
             with self._window_lock:
@@ -537,14 +540,7 @@ class Gate:
                 "waits": self.waits,
                 "held_s": self.held_s, "active_s": self.active_s, "sync_points": self.sync_points,
                 "blocked_syncs": self.blocked_syncs, **self.protection.stats(),
-                "window_cmd_us": self._keep_learned(window)}
-
-    def _keep_learned(self, window):
-        """The window's learned time per command, kept past the window: a batch job that outlives the
-        service above it drops its window before it reports."""
-        if window is not None and window.calibrated:
-            self.learned_cmd_us = window.cmd_us
-        return self.learned_cmd_us
+                "window_cmd_us": window.cmd_us if window is not None and window.calibrated else self._dropped_cmd_us}
 
     def close(self):
         with self._lock:

@@ -61,9 +61,7 @@ def build_parser(argv=None):
     where.add_argument("--sim", metavar="NAME", type=non_empty, help="use the simulated machine NAME (see `kfdtool sim list`)")
     where.add_argument("--sysfs-root", metavar="DIR", type=non_empty,
                        help="read sysfs from DIR instead of /sys (also: KFDTOOL_SYSFS_ROOT)")
-    # not required=True: argparse checks that before unknown options, and `kfdtool --frobnicate` then said
-    # a COMMAND was missing instead of naming the option (main() asks for the COMMAND itself)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")    # required: see parse_command_line
     built = set()
     for name, (module, help_text) in COMMANDS.items():
         if chosen is None or name == chosen or module == COMMANDS[chosen][0]:
@@ -81,8 +79,6 @@ def main(argv=None):
         return 1
     parser = build_parser(argv)
     args = parse_command_line(parser, argv)
-    if args.command is None:
-        parser.error("a COMMAND is required (kfdtool --help lists them)")
     if args.wide:
         from . import render
         render.WIDE = True

@@ -60,7 +60,9 @@ def grace_period(text):
 def parse_command_line(parser, argv=None):
     """`parser.parse_args(argv)`, except that an option the command does not take is reported by that
     command's parser (its usage line, not the whole program's), as `kfdtool queues --frob` should be:
-    the deepest command chosen (`kfdtool sim start --frob` is `sim start`'s)."""
+    the deepest command chosen (`kfdtool sim start --frob` is `sim start`'s). The program's COMMAND
+    is required here, after that: argparse's own check (a required subparser) comes before unknown
+    options, and `kfdtool --frob` then said a COMMAND was missing instead of naming the option."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         tokens = sys.argv[1:] if argv is None else list(argv)
@@ -68,6 +70,8 @@ def parse_command_line(parser, argv=None):
         before_command = command in tokens and unknown[0] in tokens and tokens.index(unknown[0]) < tokens.index(command)
         owner = parser if before_command else _chosen_parser(parser, args)     # `kfdtool --frob queues`: the program's
         owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "command", None) is None:
+        parser.error(f"a COMMAND is required ({parser.prog} --help lists them)")
     return args
 
 

@@ -10,6 +10,7 @@ flight when a wait returned). A diagnostic.
 """
 import argparse
 import json
+from collections import Counter
 import os
 import random
 import statistics
@@ -62,19 +63,18 @@ def main():
     import xsched_lv3.window as window_module
     from xsched_lv3.gate import Gate
 
-    counts = {}
+    counts = Counter()
     real_sync_point = window_module.ProgressiveWindow.sync_point
 
     def counted_sync_point(self, handle, n, is_done, wait, est_us=None, changed=None):
         def counted_wait(h):
-            counts["waits"] = counts.get("waits", 0) + 1
-            if len(self.pending) == 1:
-                counts["waits_newest"] = counts.get("waits_newest", 0) + 1
+            counts["waits"] += 1
+            counts["waits_newest"] += len(self.pending) == 1
             wait(h)
         waited = real_sync_point(self, handle, n, is_done, counted_wait, est_us, changed)
         if waited:
-            counts["left_us"] = counts.get("left_us", 0.0) + self.in_flight_us
-            counts["left_pending"] = counts.get("left_pending", 0) + len(self.pending)
+            counts["left_us"] += self.in_flight_us
+            counts["left_pending"] += len(self.pending)
         return waited
     window_module.ProgressiveWindow.sync_point = counted_sync_point
 
@@ -96,9 +96,9 @@ def main():
                 n += 1
             w = gate.window
             return {"rate": n / (time.monotonic() - t0), "syncs": gate.sync_points / n,
-                    "waits": counts.get("waits", 0) / n, "waits_newest": counts.get("waits_newest", 0) / n,
-                    "left_us": counts.get("left_us", 0) / max(1, counts.get("waits", 0)),
-                    "left_pending": counts.get("left_pending", 0) / max(1, counts.get("waits", 0)),
+                    "waits": counts["waits"] / n, "waits_newest": counts["waits_newest"] / n,
+                    "left_us": counts["left_us"] / max(1, counts["waits"]),
+                    "left_pending": counts["left_pending"] / max(1, counts["waits"]),
                     "cmd_us": w.cmd_us if w is not None and w.calibrated else None}
         finally:
             xt._process_gate = None
