@@ -10,6 +10,8 @@ For each of the service's requests, from its arrival to its result:
     lp_late_ms     work it launched after the arrival (before the scheduler held it, or let through)
   lp_ahead_ms    the batch job's work that ran between the arrival and the service's first kernel
   first_hp_ms    the arrival to the service's first kernel starting
+  hp_first_launch_ms, hp_last_launch_ms   the arrival to the service's first and last launch call
+                 (its CPU's part: a late wake-up, the Python that launches)
   idle_ms        the GPU running neither (the service's CPU, launch gaps, a late wake-up)
 
 Processes on an NVIDIA GPU without MPS time-slice: their kernels never overlap, which checks the
@@ -30,12 +32,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts")]
 from bench_two_models import PAIRS, commands, rate  # noqa: E402
-from benchlib import PY, provenance, run_together, write_results  # noqa: E402
+from benchlib import PY, percentile, provenance, run_together, write_results  # noqa: E402
 
 WRAP = str(Path(__file__).resolve().parent / "kineto_wrap.py")
 VARIANTS = ("hp-alone", "native", "xsched")
 WARMUP_S = 1.0                    # serve.py's default: requests before it are not counted
-COMPONENTS = ("latency_ms", "first_hp_ms", "hp_gpu_ms", "lp_gpu_ms", "lp_queued_ms", "lp_late_ms",
+COMPONENTS = ("latency_ms", "hp_first_launch_ms", "hp_last_launch_ms", "first_hp_ms", "hp_gpu_ms", "lp_gpu_ms", "lp_queued_ms", "lp_late_ms",
               "lp_ahead_ms", "idle_ms")
 
 
@@ -69,7 +71,7 @@ def union(intervals, a, e):
     """Length of the union of `intervals` clipped to [a, e]."""
     total, reach = 0.0, a
     for s, t in sorted((max(s, a), min(t, e)) for s, t in intervals):
-        if t > reach:
+        if t > reach and t > s:
             total += t - max(s, reach)
             reach = t
     return total
@@ -92,9 +94,12 @@ def per_request(hp_timeline, hp_out, per_s, lp_timeline=None):
     latencies = hp_out["hp_latencies_s"]
     for a, latency in zip(arrivals(hp_timeline["start_at"], per_s, len(latencies)), latencies):
         e = a + latency
-        mine = [(w[0], w[1]) for w in hp.within(a, e)]
+        items = [w for w in hp.within(a, e) if w[0] >= a]
+        mine = [(w[0], w[1]) for w in items]
+        launches = [w[2] for w in items if w[2] == w[2]] or [e]
         first = hp.first_start(a, e)
         row = {"latency_ms": latency, "hp_gpu_ms": union(mine, a, e),
+               "hp_first_launch_ms": min(launches) - a, "hp_last_launch_ms": max(launches) - a,
                "first_hp_ms": (first - a) if first is not None else latency}
         theirs = lp.within(a, e) if lp else []
         queued = [(w[0], w[1]) for w in theirs if not w[2] >= a]      # launched before (or unknown: nan)
@@ -121,7 +126,18 @@ def remaining_at(lp, a):
     return total * 1e3
 
 
+LET_THROUGH_MS = 0.5             # a request with more of the batch job's late work ran beside it
+
+
 def summary(rows):
+    """Medians, the slowest requests' means, and the P99 over all requests and over those during
+    which the batch job ran under LET_THROUGH_MS of work launched after the arrival (held: the
+    protected ones, apart from the scheduler's reaction time)."""
+    held = [r for r in rows if r["lp_late_ms"] < LET_THROUGH_MS]
+    return {**_summary(rows), "held": _summary(held) if held else None}
+
+
+def _summary(rows):
     ordered = sorted(rows, key=lambda r: r["latency_ms"])
     n = len(ordered)
 
@@ -131,6 +147,7 @@ def summary(rows):
             "p50": {k: round(statistics.median(r[k] for r in rows), 3) for k in COMPONENTS},
             "slowest_5pct_mean": mean_of(ordered[-max(1, n // 20):]),
             "slowest_1pct_mean": mean_of(ordered[-max(1, n // 100):]),
+            "p99_ms": round(percentile([r["latency_ms"] for r in ordered], 0.99), 3),
             "p99_request": ordered[min(n - 1, int(0.99 * n) - 1)]}
 
 
@@ -145,7 +162,7 @@ def scalars(report):
 
 def run_variant(pair, variant, seconds, tmp):
     cmds = commands(variant, pair, seconds)
-    outs = [f"{tmp}/{variant}_{role}.json.gz" for role in ("hp", "lp")[:len(cmds)]]
+    outs = [tempfile.mktemp(dir=tmp, suffix=f"_{variant}_{role}.json.gz") for role in ("hp", "lp")[:len(cmds)]]
     outputs = run_together([wrapped(c, o) for c, o in zip(cmds, outs)], seconds + 300)
     timelines = []
     for o in outs:
@@ -164,6 +181,7 @@ def run_variant(pair, variant, seconds, tmp):
         if "gate" in out:
             result[f"{role}_gate"] = scalars(out["gate"])
     result["slowest"] = sorted(rows, key=lambda r: r["latency_ms"])[-10:]
+    result["per_request"] = {k: [r[k] for r in rows] for k in rows[0]}     # in arrival order
     return result
 
 
@@ -179,7 +197,7 @@ def main():
         for variant in args.variants:
             r = run_variant(args.pair, variant, args.seconds, tmp)
             doc["variants"].append(r)
-            print(json.dumps({k: v for k, v in r.items() if k not in ("slowest", "hp_gate", "lp_gate")}), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("slowest", "hp_gate", "lp_gate", "per_request")}), flush=True)
     if args.out:
         write_results(args.out, doc)
 
