@@ -132,9 +132,10 @@ def summarize(raw):
         out.update(latency_summary(raw["hp_latencies_s"]), hp_requests=len(raw["hp_latencies_s"]))
         # every request, in arrival order (ms, to the µs): where a tail is, and whether it was a late start
         out["hp_latencies_ms"] = [round(s * 1e3, 3) for s in raw["hp_latencies_s"]]
-    if "hp_wake_late_s" in raw:
-        out.update(latency_summary(raw["hp_wake_late_s"], prefix="hp_wake_late"))
-        out["hp_wake_late_ms"] = [round(s * 1e3, 3) for s in raw["hp_wake_late_s"]]
+    for part in ("wake_late", "gpu_wait"):          # how late each began; its wait for the GPU after launching
+        if f"hp_{part}_s" in raw:
+            out.update(latency_summary(raw[f"hp_{part}_s"], prefix=f"hp_{part}"))
+            out[f"hp_{part}_ms"] = [round(s * 1e3, 3) for s in raw[f"hp_{part}_s"]]
     if "lp_iters_per_s" in raw:
         out["lp_iters_per_s"] = raw["lp_iters_per_s"]
     out.update({k: v for k, v in raw.items() if k.startswith("gap_")})

@@ -189,3 +189,31 @@ def test_the_table_counts_the_requests_a_stalling_host_slowed_in_every_variant()
                                         ["hp-alone", "xsched"])
     assert "- b16: hp-alone 6 of 196, xsched 2 of 200\n" in note and "b64" not in note
     assert bench_two_models.stalls_note([{"rows": doc["rows"][2:]}], {}, []) == ""
+
+
+def test_the_service_says_how_long_each_counted_request_waited_for_the_gpu_after_launching(monkeypatch):
+    """serve.py's latency split: after a request's last launch returns, the time until its result is
+    on the CPU (the GPU's part the launching did not hide). One entry per counted request, in order,
+    the warm-up's left out; the results row keeps it request by request."""
+    import contextlib
+    import types
+    sys.path.insert(0, str(REPO / "scripts" / "workloads"))
+    import serve
+    clock = {"now": 0.0}
+    tick = lambda s: clock.__setitem__("now", clock["now"] + s)       # noqa: E731
+    for module in (serve.time, benchlib.time):
+        monkeypatch.setattr(module, "monotonic", lambda: clock["now"])
+        monkeypatch.setattr(module, "sleep", tick)
+    gpu_behind = iter([0.001, 0.002, 0.003, 0.004, 0.020])          # what the GPU still has at each sync
+    stream = types.SimpleNamespace(synchronize=lambda: tick(next(gpu_behind)))
+    fake = types.SimpleNamespace(no_grad=contextlib.nullcontext, cuda=types.SimpleNamespace(current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+
+    def model(x):
+        tick(0.003)                                     # launching takes 3 ms of the CPU
+    out = serve.serve(model, None, rate=10, seconds=0.4, warmup_s=0.1, start_at=0.0)
+    assert [round(s, 3) for s in out["hp_latencies_s"]] == [0.005, 0.006, 0.007, 0.023]
+    assert [round(s, 3) for s in out["hp_gpu_wait_s"]] == [0.002, 0.003, 0.004, 0.020]
+    import bench_two_models
+    row = bench_two_models.summarize(out)
+    assert row["hp_gpu_wait_ms"] == [2.0, 3.0, 4.0, 20.0] and row["hp_gpu_wait_max_ms"] == pytest.approx(20)

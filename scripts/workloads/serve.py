@@ -35,23 +35,31 @@ from batch import make_step  # noqa: E402
 PROMPT_TOKENS = 32               # --decode-tokens: the prompt's length unless --prompt-tokens says
 
 
-def forward_pass(model, x):
-    """A request: one forward pass, its result on the CPU side."""
+def forward_pass(model, x, gpu_waits=None):
+    """A request: one forward pass, its result on the CPU side. `gpu_waits`, if a list, gets how
+    long the result took after the last launch returned: the GPU's part of the latency that the
+    launching did not hide (its own work still queued, or another program's ahead of it)."""
     import torch
     model(x)
+    launched = time.monotonic()
     torch.cuda.current_stream().synchronize()
+    if gpu_waits is not None:
+        gpu_waits.append(time.monotonic() - launched)
 
 
 def generation(tokens):
     """A request: `tokens` new tokens after the prompt `x`, one model call each (KV cache), each
     token on the CPU before the next call (a streaming service sends it)."""
-    def generate(model, x):
+    def generate(model, x, gpu_waits=None):
         out = model(input_ids=x, use_cache=True)
         for i in range(tokens):
             token = out.logits[:, -1:].argmax(-1)
+            launched = time.monotonic()
             token.cpu()
             if i + 1 < tokens:
                 out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+            elif gpu_waits is not None:            # (as forward_pass: the last token's wait)
+                gpu_waits.append(time.monotonic() - launched)
     return generate
 
 
@@ -92,14 +100,16 @@ def check_service(name, batch, decode_tokens, prompt_tokens):
 
 
 def serve(model, x, rate, seconds, warmup_s, start_at, request=forward_pass, between=None):
-    """Open-loop arrivals from start_at: the latencies of the requests after warmup_s, and how late
-    each began (benchlib.open_loop), as the service's part of the output."""
+    """Open-loop arrivals from start_at: the latencies of the requests after warmup_s, how late
+    each began (benchlib.open_loop) and how long it waited for the GPU after its last launch, as the
+    service's part of the output. A latency is then: the late start, the launching, that wait."""
     import torch
-    wake_late = []
+    wake_late, gpu_waits = [], []
     with torch.no_grad():
-        latencies = open_loop(rate, seconds, lambda: request(model, x), warmup_s, t0=start_at, between=between,
-                              wake_late=wake_late)
-    return {"hp_latencies_s": latencies, "hp_wake_late_s": wake_late}
+        latencies = open_loop(rate, seconds, lambda: request(model, x, gpu_waits), warmup_s, t0=start_at,
+                              between=between, wake_late=wake_late)
+    return {"hp_latencies_s": latencies, "hp_wake_late_s": wake_late,
+            "hp_gpu_wait_s": gpu_waits[len(gpu_waits) - len(latencies):]}    # the warm-up's left out
 
 
 class GapWork:
