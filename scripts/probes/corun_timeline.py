@@ -19,6 +19,7 @@ clocks (`overlap_ms`, summed over the run, should be ~0). A diagnostic: profilin
 (and turns off the scheduler's direct forward path), so compare variants within one run.
 
     python scripts/probes/corun_timeline.py --pair encb1-vitb32 --out results/diagnostics/corun_timeline.json
+    python scripts/probes/corun_timeline.py --table results/diagnostics/corun_timeline_*.json
 """
 import argparse
 import bisect
@@ -185,13 +186,52 @@ def run_variant(pair, variant, seconds, tmp):
     return result
 
 
+def _held(held):
+    return f"{held['requests']}, {held['p99_ms']:.2f}" if held else "-, -"
+
+
+def _means(means, parts):
+    return ", ".join(f"{means[k]:.2f}" if k in means else "-" for k in parts)     # (older runs lack some)
+
+
+def table(paths):
+    """Per run and variant: the P99, and the means over its slowest 1 % of requests (all of them, and
+    those the batch job was held through) of the parts above; the batch job's work found at arrivals."""
+    parts = ("latency_ms", "hp_last_launch_ms", "hp_gpu_ms", "lp_queued_ms", "lp_late_ms")
+    head = "launch span, service's GPU, batch job's queued / late work"
+    lines = [f"| run | variant | P99 (ms) | slowest 1 %: latency, {head} (ms) | those with under {LET_THROUGH_MS} ms of the "
+             f"batch job's work launched after their arrival: n, P99, slowest 1 % as before | batch job's work ahead at arrival P50 / P99 (ms) |", "|---|---|---|---|---|---|"]
+    cards, revisions = set(), set()
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        cards.add(doc["card"])
+        revisions.add(doc["git_revision"][:7])
+        for v in doc["variants"]:
+            held = v.get("held") or {}
+            slow = _means(v["slowest_1pct_mean"], parts)
+            held_slow = _means(held["slowest_1pct_mean"], parts) if held else "-"
+            ahead = v.get("lp_remaining_at_arrival_ms")
+            ahead = f"{ahead['p50']:.2f} / {ahead['p99']:.2f}" if ahead else "-"
+            lines.append(f"| {Path(path).stem} | {v['variant']} | {v.get('p99_ms', v['p99_request']['latency_ms']):.2f} | "
+                         f"{slow} | {_held(held)}, {held_slow} | "
+                         f"{ahead} |")
+    lines.append("")
+    lines.append(f"{len(paths)} results files ({', '.join(sorted(cards))}; revisions {', '.join(sorted(revisions))}); "
+                 "profiled runs: the profiler slows every launch.")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the table of these results")
     p.add_argument("--pair", choices=sorted(PAIRS), default="encb1-vitb32")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--seconds", type=float, default=26.0)
     p.add_argument("--out")
     args = p.parse_args()
+    if args.table:
+        print(table(args.table), end="")
+        return
     doc = {**provenance(), "probe": "corun timeline", "pair": args.pair, "variants": []}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
