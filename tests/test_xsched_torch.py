@@ -317,6 +317,49 @@ def test_request_activity_marks_the_board(torch_fake):
     lp.close()
 
 
+def _idle(gate):
+    deadline = time.monotonic() + 1
+    while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert gate.board.read_slot(gate.slot)[2] == 0
+
+
+def test_a_top_clients_own_marks_do_not_make_it_reread_the_board_yet_others_writes_are_seen(torch_fake, monkeypatch):
+    """A service marks itself active and idle on the board every request; its next request's start
+    re-read the whole board for that alone (50-200 us on the critical path). Its own marks no longer
+    count, another client's change still does at the next start, and an announcement lost to a
+    racing write (overwritten by ours) is seen within REAP_IDLE_EVERY_S."""
+    import xsched_lv3.gate as gate_module
+    torch, gpu, xt = torch_fake
+    monkeypatch.setattr(gate_module, "REAP_IDLE_EVERY_S", 3600.0)
+    m = model(torch, "hp", 3, 0.001)
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10) as gate:
+        refreshes = []
+        real = gate._refresh
+        monkeypatch.setattr(gate, "_refresh", lambda now: (refreshes.append(now), real(now)))
+        for _ in range(5):
+            m(None)
+            _idle(gate)
+        assert gate.tracking and len(refreshes) == 0        # only its own marks changed the board
+        lp.board.set_hint(lp.slot, "priority", 20)           # the client below now ranks above it
+        m(None)
+        assert len(refreshes) == 1 and gate.guarded          # seen at the next request's start
+        _idle(gate)
+        lp.board.set_hint(lp.slot, "priority", 0)
+        gate._refresh(time.monotonic())
+        assert not gate.guarded
+        refreshes.clear()
+        lp.board.write(lp.slot, priority=30, announce=False)  # as if its announcement were overwritten by ours
+        m(None)
+        _idle(gate)
+        assert not refreshes and not gate.guarded            # not seen yet ...
+        monkeypatch.setattr(gate_module, "REAP_IDLE_EVERY_S", 0.0)
+        m(None)
+        assert refreshes and gate.guarded                    # ... but at the next reap
+    lp.close()
+
+
 def test_a_raising_request_ends_and_releases_lower_clients(torch_fake):
     torch, gpu, xt = torch_fake
     failing = torch.nn.Module(torch.nn.Module(kernel_s=0.001, name="hp0"), torch.nn.Raising(kernel_s=0.001, name="hp1"))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kfdtool.pids import alive, start_time, state_and_start
 
-from .policy import QueueState
+from .policy import POLICIES, QueueState
 
 MAGIC = b"XSLV3B05"
 SLOTS = 32
@@ -58,7 +58,7 @@ SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
 FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIELDS[:i]))
                 for i, (name, _) in enumerate(SLOT_FIELDS)}
-FIELD_CODE = dict(SLOT_FIELDS)
+FIELD_STRUCT = {name: struct.Struct("<" + code) for name, code in SLOT_FIELDS}    # compiled once: writes are hot
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
                   suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0)
@@ -180,7 +180,7 @@ class Board:
         (counters, times): then no client re-reads the board for it."""
         base = SLOTS_OFFSET + slot * SLOT.size
         for name, value in fields.items():
-            struct.pack_into("<" + FIELD_CODE[name], self.mm, base + FIELD_OFFSET[name], value)
+            FIELD_STRUCT[name].pack_into(self.mm, base + FIELD_OFFSET[name], value)
         if announce:
             self._changed()
 
@@ -198,13 +198,11 @@ class Board:
 
     def set_policy(self, name):
         """The policy every gate on this board evaluates (0 = each client's own choice)."""
-        from .policy import POLICIES
         index = list(POLICIES).index(name) + 1
         struct.pack_into("<I", self.mm, 12, index)
         self._changed()
 
     def policy(self):
-        from .policy import POLICIES
         index = struct.unpack_from("<I", self.mm, 12)[0]
         return list(POLICIES)[index - 1] if 0 < index <= len(POLICIES) else None
 
