@@ -23,10 +23,7 @@ alternating segments (so host drift hits them alike), each segment's iterations/
         --configs none free guarded-nowin guarded guarded-fresh guarded-max32
 """
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import random
 import statistics
 import sys
@@ -36,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
-from benchlib import provenance, write_results  # noqa: E402
+from benchlib import add_profile, provenance, write_results  # noqa: E402
 from batch import make_step  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
@@ -160,14 +157,7 @@ def main():
               f"(range {min(rates[config]):.1f}-{max(rates[config]):.1f}, blocked waits {blocked[config]}, "
               f"sync points/iter {statistics.median(syncs[config]):.1f})", flush=True)
     if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        segment(args.profile)
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
-        doc["profile"] = {"config": args.profile, "top_by_tottime": text.getvalue()}
-        print(text.getvalue())
+        add_profile(doc, args.profile, lambda: segment(args.profile), 14)
     if args.out:
         write_results(args.out, doc)
 

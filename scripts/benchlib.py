@@ -63,6 +63,22 @@ def memory_scratch(prefix):
     return tempfile.mkdtemp(prefix=prefix, dir=in_memory)
 
 
+def add_profile(doc, config, fn, lines=14):
+    """Run fn() (a segment of `config`) under cProfile; print the `lines` functions with the most time
+    of their own and keep them in the results `doc`."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(lines)
+    doc["profile"] = {"config": config, "top_by_tottime": text.getvalue()}
+    print(text.getvalue())
+
+
 def write_results(path, doc):
     """A results file: JSON, its folder created if needed."""
     path = Path(path)

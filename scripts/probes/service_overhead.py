@@ -15,10 +15,7 @@ and P90s. --profile CONFIG adds a cProfile of one segment. A diagnostic.
     python scripts/probes/service_overhead.py --model encoder --batch 1 --rounds 7 --profile tracking
 """
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import random
 import statistics
 import sys
@@ -28,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
-from benchlib import provenance, write_results  # noqa: E402
+from benchlib import add_profile, provenance, write_results  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "alone", "tracking")
@@ -102,14 +99,7 @@ def main():
         print(f"{args.model} b{args.batch} {config:9s} " + "  ".join(f"{k} {v:.3f} ms" for k, v in med.items()),
               flush=True)
     if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        segment(args.profile)
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-        doc["profile"] = {"config": args.profile, "top_by_tottime": text.getvalue()}
-        print(text.getvalue())
+        add_profile(doc, args.profile, lambda: segment(args.profile), 25)
     if args.out:
         write_results(args.out, doc)
 
