@@ -171,21 +171,27 @@ class Board:
     def read_slot(self, slot):
         return Slot._make(SLOT.unpack_from(self.mm, SLOTS_OFFSET + slot * SLOT.size))
 
-    def _changed(self):
-        """Announce a write (after it is complete: a reader that sees the new value sees the data)."""
-        self.generation[0] = random.getrandbits(64)
+    def _changed(self, expect=None):
+        """Announce a write (after it is complete: a reader that sees the new value sees the data).
+        Returns the new generation if the one it replaced was `expect` (no other write announced
+        since the caller last read the board, but for one landing in the few instructions between
+        this read and this write), else None."""
+        replaced = self.generation[0]
+        new = self.generation[0] = random.getrandbits(64)
+        return new if replaced == expect else None
 
-    def write(self, slot, announce=True, **fields):
+    def write(self, slot, announce=True, expect=None, **fields):
         """Write fields of one slot. `announce=False` for what no scheduling decision reads
-        (counters, times): then no client re-reads the board for it."""
+        (counters, times): then no client re-reads the board for it. Returns what `_changed`
+        returns for `expect` (None when not announced)."""
         base = SLOTS_OFFSET + slot * SLOT.size
         for name, value in fields.items():
             FIELD_STRUCT[name].pack_into(self.mm, base + FIELD_OFFSET[name], value)
-        if announce:
-            self._changed()
+        return self._changed(expect) if announce else None
 
-    def set_active(self, slot, active):
-        self.write(slot, active=1 if active else 0, ready_since=time.monotonic() if active else NAN)
+    def set_active(self, slot, active, expect=None):
+        return self.write(slot, active=1 if active else 0, ready_since=time.monotonic() if active else NAN,
+                          expect=expect)
 
     def set_hint(self, slot, name, value):
         if name not in ("priority", "utilization", "deadline_us", "laxity_us", "critical_priority"):

@@ -343,15 +343,16 @@ class Gate:
         self._active = active
         slot = self.slot
         if slot is not None:
-            current = not self.guarded and self.seen_generation == self.board_generation[0]
-            self.board.set_active(slot, active)
-            if current:
-                # Our own mark changes nothing an unguarded client reads from the board (its mode comes
-                # from the others), so it is no reason to re-read the whole board at the next request's
-                # start: that cost a service 50-200 us a request on the critical path (a 2-vCPU sandbox).
-                # A write by another client landing between the test above and ours is overwritten in the
-                # generation we keep: it is seen at the latest with the reap, REAP_IDLE_EVERY_S later.
-                self.seen_generation = self.board_generation[0]
+            # Our own mark changes nothing an unguarded client reads from the board (its mode comes from
+            # the others), so it is no reason to re-read the whole board at the next request's start: that
+            # cost a service 50-200 us a request on the critical path (a 2-vCPU sandbox). Where no other
+            # write was announced since we last read (the board says so as it announces ours), the new
+            # generation is taken as seen. Another's write landing in the few instructions between the
+            # board's read and its write of the generation is overwritten: seen at the latest with the
+            # reap, REAP_IDLE_EVERY_S later.
+            mine = self.board.set_active(slot, active, expect=None if self.guarded else self.seen_generation)
+            if mine is not None:
+                self.seen_generation = mine
             if self._daemon_wake:
                 daemon_link.poke(self._daemon_wake)     # Lv3: suspend or resume the clients below now
         with _LOCAL_WRITES:
