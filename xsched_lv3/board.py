@@ -58,6 +58,7 @@ SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
 FIELD_OFFSET = {name: struct.calcsize("<" + "".join(code for _, code in SLOT_FIELDS[:i]))
                 for i, (name, _) in enumerate(SLOT_FIELDS)}
+POLICY_NAMES = tuple(POLICIES)          # the header's policy field: 1 + an index into these (0: none)
 FIELD_STRUCT = {name: struct.Struct("<" + code) for name, code in SLOT_FIELDS}    # compiled once: writes are hot
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
@@ -204,13 +205,13 @@ class Board:
 
     def set_policy(self, name):
         """The policy every gate on this board evaluates (0 = each client's own choice)."""
-        index = list(POLICIES).index(name) + 1
+        index = POLICY_NAMES.index(name) + 1
         struct.pack_into("<I", self.mm, 12, index)
         self._changed()
 
     def policy(self):
         index = struct.unpack_from("<I", self.mm, 12)[0]
-        return list(POLICIES)[index - 1] if 0 < index <= len(POLICIES) else None
+        return POLICY_NAMES[index - 1] if 0 < index <= len(POLICY_NAMES) else None
 
     # --- the daemon ------------------------------------------------------------------------------
     def set_daemon(self, pid):

@@ -108,8 +108,8 @@ def per_request(hp_timeline, hp_out, per_s, lp_timeline=None):
         row.update(lp_gpu_ms=union(queued + late, a, e), lp_queued_ms=union(queued, a, e),
                    lp_late_ms=union(late, a, e),
                    lp_ahead_ms=union(queued + late, a, a + row["first_hp_ms"]),
-                   idle_ms=latency - union(mine + queued + late, a, e))
-        overlap += row["hp_gpu_ms"] + row["lp_gpu_ms"] - union(mine + queued + late, a, e)
+                   idle_ms=latency - (busy := union(mine + queued + late, a, e)))
+        overlap += row["hp_gpu_ms"] + row["lp_gpu_ms"] - busy
         rows.append({k: round(v * 1e3, 4) for k, v in row.items()})
     return rows, overlap * 1e3
 
@@ -162,8 +162,9 @@ def scalars(report):
 
 
 def run_variant(pair, variant, seconds, tmp):
+    """One run of `variant`; its timelines go to the fresh directory `tmp`."""
     cmds = commands(variant, pair, seconds)
-    outs = [tempfile.mktemp(dir=tmp, suffix=f"_{variant}_{role}.json.gz") for role in ("hp", "lp")[:len(cmds)]]
+    outs = [f"{tmp}/{role}.json.gz" for role in ("hp", "lp")[:len(cmds)]]
     outputs = run_together([wrapped(c, o) for c, o in zip(cmds, outs)], seconds + 300)
     timelines = []
     for o in outs:
@@ -235,7 +236,7 @@ def main():
     doc = {**provenance(), "probe": "corun timeline", "pair": args.pair, "variants": []}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
-            r = run_variant(args.pair, variant, args.seconds, tmp)
+            r = run_variant(args.pair, variant, args.seconds, tempfile.mkdtemp(dir=tmp))
             doc["variants"].append(r)
             print(json.dumps({k: v for k, v in r.items() if k not in ("slowest", "hp_gate", "lp_gate", "per_request")}), flush=True)
     if args.out:

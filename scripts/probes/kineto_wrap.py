@@ -48,13 +48,12 @@ def marker(torch):
 def compact(trace, markers):
     """The trace's GPU work and synchronizing calls in CLOCK_MONOTONIC seconds."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    device_syncs = sorted((e for e in events if e.get("cat") in CALLS and e["name"] == "cudaDeviceSynchronize"),
-                          key=lambda e: e["ts"])
+    device_syncs = [e for e in events if e.get("cat") in CALLS and e["name"] == "cudaDeviceSynchronize"]
     if len(device_syncs) < 2:
         raise SystemExit("kineto_wrap: the trace has no cudaDeviceSynchronize markers (runtime calls not traced)")
-    offsets = []
-    for (before, after), e in zip(markers, (device_syncs[0], device_syncs[-1])):
-        offsets.append((before + after) / 2 - (e["ts"] + e["dur"] / 2) * 1e-6)
+    first, last = min(device_syncs, key=lambda e: e["ts"]), max(device_syncs, key=lambda e: e["ts"])
+    offsets = [(before + after) / 2 - (e["ts"] + e["dur"] / 2) * 1e-6
+               for (before, after), e in zip(markers, (first, last))]
     offset = offsets[-1]
     launch_at = {e["args"]["correlation"]: e["ts"] * 1e-6 + offset
                  for e in events if e.get("cat") in CALLS and "correlation" in e.get("args", {})}
