@@ -14,6 +14,11 @@ For each of the service's requests, from its arrival to its result:
                  (its CPU's part: a late wake-up, the Python that launches)
   idle_ms        the GPU running neither (the service's CPU, launch gaps, a late wake-up)
 
+And for the batch job, where its throughput goes (`lp_busy`): the share of the time its own work kept
+the GPU busy, during the service's requests (from arrival to result, where the scheduler holds it)
+and between them (where only its own launching and its window can leave the GPU idle), and the GPU's
+idle gaps between two of its kernels outside the requests.
+
 Processes on an NVIDIA GPU without MPS time-slice: their kernels never overlap, which checks the
 clocks (`overlap_ms`, summed over the run, should be ~0). A diagnostic: profiling adds its own cost
 (and turns off the scheduler's direct forward path), so compare variants within one run.
@@ -114,6 +119,40 @@ def per_request(hp_timeline, hp_out, per_s, lp_timeline=None):
     return rows, overlap * 1e3
 
 
+def lp_busy(lp, spans, t0, t1):
+    """Where the batch job's GPU time goes over [t0, t1]: the share of the time its work kept the GPU
+    busy during the service's requests (`spans`, (arrival, result) pairs) and between them, and its
+    GPU's idle gaps between requests (between two of its kernels, neither inside a request)."""
+    merged = []
+    for a, e in sorted(spans):
+        a, e = max(a, t0), min(e, t1)
+        if e <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([a, e])
+    intervals = [(w[0], w[1]) for w in lp.within(t0, t1)]
+    busy = union(intervals, t0, t1)
+    inside = sum(union([(s, t) for s, t in intervals if s < e and t > a], a, e) for a, e in merged)
+    in_requests = sum(e - a for a, e in merged)
+    between = (t1 - t0) - in_requests
+    starts = [a for a, _ in merged]
+    gaps, reach = [], None
+    for s, t in sorted(intervals):
+        if reach is not None and s > reach:
+            i = bisect.bisect_right(starts, reach) - 1          # the gap lies between requests
+            if (i < 0 or merged[i][1] <= reach) and (i + 1 >= len(merged) or merged[i + 1][0] >= s):
+                gaps.append((s - reach) * 1e3)
+        reach = t if reach is None else max(reach, t)
+    return {"requests_share": round(in_requests / (t1 - t0), 4),
+            "in_requests": round(inside / in_requests, 4) if in_requests > 0 else None,
+            "between": round((busy - inside) / between, 4) if between > 0 else None,
+            "gaps_between_per_s": round(len(gaps) / (t1 - t0), 1),
+            "gap_ms": quantiles(gaps) if gaps else None,
+            "gap_total_share": round(sum(gaps) * 1e-3 / between, 4) if between > 0 else None}
+
+
 def remaining_at(lp, a):
     """The batch job's launched work still to run at `a` (what a request arriving then finds ahead
     of it), in ms: each item launched before `a` and not done by then, its part after `a`. One
@@ -179,6 +218,8 @@ def run_variant(pair, variant, seconds, tmp):
         result["lp_remaining_at_arrival_ms"] = quantiles(remaining_at(Work(timelines[1]), a) for a in starts)
         result["lp_iters_per_s"] = outputs[1].get("lp_iters_per_s")
         result["lp_kernels_ms"] = quantiles((w[1] - w[0]) * 1e3 for w in timelines[1]["work"])
+        ends = [a + lat for a, lat in zip(starts, outputs[0]["hp_latencies_s"])]
+        result["lp_busy"] = lp_busy(Work(timelines[1]), list(zip(starts, ends)), starts[0], ends[-1])
     for role, out in zip(("hp", "lp"), outputs):
         if "gate" in out:
             result[f"{role}_gate"] = scalars(out["gate"])
@@ -191,6 +232,15 @@ def _held(held):
     return f"{held['requests']}, {held['p99_ms']:.2f}" if held else "-, -"
 
 
+def _busy(busy):
+    if not busy:
+        return "-"
+    gaps = busy["gap_ms"]
+    gaps = f"{gaps['p50']:.3f} / {gaps['p90']:.3f}" if gaps else "-"
+    return (f"{busy['in_requests']:.2f} / {busy['between']:.2f} ({busy['requests_share']:.2f}), "
+            f"{busy['gaps_between_per_s']:.0f}, {gaps}")
+
+
 def _means(means, parts):
     return ", ".join(f"{means[k]:.2f}" if k in means else "-" for k in parts)     # (older runs lack some)
 
@@ -201,7 +251,9 @@ def table(paths):
     parts = ("latency_ms", "hp_last_launch_ms", "hp_gpu_ms", "lp_queued_ms", "lp_late_ms")
     head = "launch span, service's GPU, batch job's queued / late work"
     lines = [f"| run | variant | P99 (ms) | slowest 1 %: latency, {head} (ms) | those with under {LET_THROUGH_MS} ms of the "
-             f"batch job's work launched after their arrival: n, P99, slowest 1 % as before | batch job's work ahead at arrival P50 / P99 (ms) |", "|---|---|---|---|---|---|"]
+             f"batch job's work launched after their arrival: n, P99, slowest 1 % as before | batch job's work ahead at arrival P50 / P99 (ms) | "
+             "batch job's GPU busy in requests / between them (their share of the time), idle gaps between: per s, P50 / P90 (ms) |",
+             "|---|---|---|---|---|---|---|"]
     cards, revisions = set(), set()
     for path in paths:
         doc = json.loads(Path(path).read_text())
@@ -215,7 +267,7 @@ def table(paths):
             ahead = f"{ahead['p50']:.2f} / {ahead['p99']:.2f}" if ahead else "-"
             lines.append(f"| {Path(path).stem} | {v['variant']} | {v.get('p99_ms', v['p99_request']['latency_ms']):.2f} | "
                          f"{slow} | {_held(held)}, {held_slow} | "
-                         f"{ahead} |")
+                         f"{ahead} | {_busy(v.get('lp_busy'))} |")
     lines.append("")
     lines.append(f"{len(paths)} results files ({', '.join(sorted(cards))}; revisions {', '.join(sorted(revisions))}); "
                  "profiled runs: the profiler slows every launch.")
