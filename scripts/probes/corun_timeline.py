@@ -134,12 +134,12 @@ def lp_busy(lp, spans, t0, t1):
             merged.append([a, e])
     intervals = [(w[0], w[1]) for w in lp.within(t0, t1)]
     busy = union(intervals, t0, t1)
-    inside = sum(union([(s, t) for s, t in intervals if s < e and t > a], a, e) for a, e in merged)
+    inside = sum(union([(w[0], w[1]) for w in lp.within(a, e)], a, e) for a, e in merged)
     in_requests = sum(e - a for a, e in merged)
     between = (t1 - t0) - in_requests
     starts = [a for a, _ in merged]
     gaps, reach = [], None
-    for s, t in sorted(intervals):
+    for s, t in intervals:                                      # in start order, as Work keeps them
         if reach is not None and s > reach:
             i = bisect.bisect_right(starts, reach) - 1          # the gap lies between requests
             if (i < 0 or merged[i][1] <= reach) and (i + 1 >= len(merged) or merged[i + 1][0] >= s):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "workloads")]
-from benchlib import add_profile, provenance, write_results  # noqa: E402
+from benchlib import add_profile, percentile, provenance, write_results  # noqa: E402
 from models import MODELS, build  # noqa: E402
 
 CONFIGS = ("none", "alone", "tracking")
@@ -81,15 +81,13 @@ def main():
             raise SystemExit("service_overhead: the service did not track (no lower client seen)")
         return launch, latency
 
-    def p90(values):
-        return sorted(values)[int(0.9 * (len(values) - 1))]
     rows = {c: {"launch_p50": [], "launch_p90": [], "latency_p50": [], "latency_p90": []} for c in CONFIGS}
     for r in range(args.rounds):
         for config in random.Random(r).sample(CONFIGS, len(CONFIGS)):
             launch, latency = segment(config)
             for name, values in (("launch", launch), ("latency", latency)):
                 rows[config][f"{name}_p50"].append(statistics.median(values) * 1e3)
-                rows[config][f"{name}_p90"].append(p90(values) * 1e3)
+                rows[config][f"{name}_p90"].append(percentile(sorted(values), 0.9) * 1e3)
     doc = {"probe": "service overhead, one process, alternating segments", **provenance(),
            "torch": torch.__version__, "model": args.model, "batch": args.batch, "requests": args.requests,
            "gap_ms": args.gap_ms, "rounds": args.rounds, "configs": {}}
