@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Why a service launches slower under the scheduler: the service (scripts/workloads/serve.py, its own
+process, 20 requests a second) next to companions that each keep one suspect and drop the others.
+Each variant is a separate run of the real programs, in alternating order over the rounds:
+
+  alone         serve.py by itself
+  run           serve.py under `xsched-lv3 run --priority 10`, nobody else on the board (free)
+  run-idle      ... next to an idle lower client (`xsched-lv3 run` of a process that imported torch
+                and sleeps): the service tracks its requests (marks itself active and idle, a watcher
+                thread), nobody is held
+  burn          serve.py by itself next to a process spinning on a CPU (no GPU): the host's
+                power states and clocks as a busy neighbour leaves them
+  run-tiny      the service under run next to a lower client under run that launches a tiny kernel
+                after another (a launch-bound job with next to no GPU work): it is held through each
+                request (its gate spins, then polls), and its GPU time does not delay the service
+  tiny          the same two programs without the scheduler (the companion never held)
+  native, xsched  next to a real batch job (scripts/workloads/batch.py, --lp, ResNet-50 b64 by
+                default), without the scheduler and with both under `xsched-lv3 run` (defaults):
+                the two variants of scripts/bench_two_models.py, for reference in the same run
+
+Per variant: the service's latency, its launching (the call until its last launch returned: its CPU)
+and its GPU wait, P50 / P90 / P99 in ms, as scripts/latency_split.py splits them. A diagnostic.
+
+    python scripts/probes/service_launching.py --rounds 2 --out FILE
+"""
+import argparse
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "scripts")]
+from benchlib import PY, percentile, provenance, run_together, write_results, xsched_run  # noqa: E402
+
+VARIANTS = ("alone", "run", "run-idle", "burn", "run-tiny", "tiny", "native", "xsched")
+WORK = REPO / "scripts" / "workloads"
+
+# Companions: each says READY, waits for the common start (models.wait_for_start's protocol), runs
+# for SECONDS, and prints one JSON line.
+COMPANIONS = {
+    "idle": """
+        import sys, time
+        sys.path.insert(0, {work!r})
+        import torch
+        torch.zeros(1, device="cuda")
+        from models import wait_for_start
+        start = wait_for_start()
+        time.sleep(max(0.0, start + {seconds} - time.monotonic()))
+        print("{{}}")
+    """,
+    "burn": """
+        import sys, time
+        sys.path.insert(0, {work!r})
+        from models import wait_for_start
+        start = wait_for_start()
+        n = 0
+        while time.monotonic() < start + {seconds}:
+            n += 1
+        print('{{"loops": %d}}' % n)
+    """,
+    "tiny": """
+        import sys, time
+        sys.path.insert(0, {work!r})
+        import torch
+        relu, x = torch.nn.ReLU(), torch.zeros(16, device="cuda")
+        stream = torch.cuda.current_stream()
+        for _ in range(100):
+            relu(x)
+        stream.synchronize()
+        from models import wait_for_start
+        start = wait_for_start()
+        n = 0
+        while time.monotonic() < start + {seconds}:
+            relu(x)
+            n += 1
+            if n % 32 == 0:
+                stream.synchronize()
+        stream.synchronize()
+        print('{{"calls": %d}}' % n)
+    """,
+}
+
+
+def commands(variant, model, batch, seconds, lp):
+    serve = [PY, str(WORK / "serve.py"), "--model", model, "--batch", str(batch), "--seconds", str(seconds)]
+    scheduled = variant.startswith("run") or variant == "xsched"
+    cmds = [xsched_run(serve, priority=10) if scheduled else serve]
+    companion = {"run-idle": "idle", "burn": "burn", "run-tiny": "tiny", "tiny": "tiny"}.get(variant)
+    if companion:
+        other = [PY, "-c", textwrap.dedent(COMPANIONS[companion]).format(work=str(WORK), seconds=seconds)]
+    elif variant in ("native", "xsched"):
+        lp_model, lp_batch = lp.split(":")
+        other = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", lp_batch, "--seconds", str(seconds)]
+    else:
+        return cmds
+    return cmds + [xsched_run(other) if scheduled else other]
+
+
+def split(out):
+    """P50 / P90 / P99 (ms) of the service's latency, launching and GPU wait."""
+    rows = [(lat, lat - late, wait) for lat, late, wait in
+            zip(out["hp_latencies_s"], out["hp_wake_late_s"], out["hp_gpu_wait_s"])]
+    rows = [(lat * 1e3, (own - wait) * 1e3, wait * 1e3) for lat, own, wait in rows]
+    summary = {"requests": len(rows)}
+    for i, name in enumerate(("latency", "launching", "gpu_wait")):
+        ordered = sorted(r[i] for r in rows)
+        summary[name] = [round(percentile(ordered, q), 3) for q in (0.5, 0.9, 0.99)]
+    late = sorted(x * 1e3 for x in out["hp_wake_late_s"])
+    summary["wake_late_p50"] = round(percentile(late, 0.5), 3)
+    return summary
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=26.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--lp", default="resnet50:64", metavar="MODEL:BATCH", help="the batch job of native and xsched")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.rounds < 1 or args.seconds <= 2 or args.batch < 1 or not re.fullmatch(r"\w+:[1-9]\d*", args.lp):
+        p.error("--rounds must be >= 1, --seconds > 2, --batch >= 1, --lp MODEL:BATCH")
+    doc = {"probe": "the service's launching next to companions", **provenance(), "model": args.model,
+           "batch": args.batch, "lp": args.lp, "seconds": args.seconds, "rows": []}
+    for r in range(args.rounds):
+        order = args.variants if r % 2 == 0 else args.variants[::-1]
+        for variant in order:
+            outs = run_together(commands(variant, args.model, args.batch, args.seconds, args.lp), timeout_s=args.seconds + 120)
+            row = {"round": r + 1, "variant": variant, **split(outs[0]), "companion": outs[1] if len(outs) > 1 else None,
+                   "service_gate": outs[0].get("gate")}
+            doc["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("service_gate",)}), flush=True)
+            if args.out:
+                write_results(args.out, doc)
+
+
+if __name__ == "__main__":
+    main()
