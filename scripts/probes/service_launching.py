@@ -130,9 +130,10 @@ def main():
     for r in range(args.rounds):
         order = args.variants if r % 2 == 0 else args.variants[::-1]
         for variant in order:
-            outs = run_together(commands(variant, args.model, args.batch, args.seconds, args.lp), timeout_s=args.seconds + 120)
-            row = {"round": r + 1, "variant": variant, **split(outs[0]), "companion": outs[1] if len(outs) > 1 else None,
-                   "service_gate": outs[0].get("gate")}
+            cmds = commands(variant, args.model, args.batch, args.seconds, args.lp)
+            outs = run_together(cmds, timeout_s=args.seconds + 120)
+            row = {"round": r + 1, "variant": variant, **split(outs[0]),
+                   "companion": outs[1] if len(outs) > 1 else None, "service_gate": outs[0].get("gate")}
             doc["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("service_gate",)}), flush=True)
             if args.out:
