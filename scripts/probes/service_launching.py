@@ -8,6 +8,10 @@ Each variant is a separate run of the real programs, in alternating order over t
   run-idle      ... next to an idle lower client (`xsched-lv3 run` of a process that imported torch
                 and sleeps): the service tracks its requests (marks itself active and idle, a watcher
                 thread), nobody is held
+  run-idle-cpu  ... next to an idle lower client that never touched the GPU (imported torch, no
+                CUDA context): the tracking without a second context on the GPU
+  idle          serve.py next to the idle process of run-idle, neither under the scheduler: a
+                second process's (idle) context on the GPU, nothing else
   burn          serve.py by itself next to a process spinning on a CPU (no GPU): the host's
                 power states and clocks as a busy neighbour leaves them
   run-tiny      the service under run next to a lower client under run that launches a tiny kernel
@@ -34,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts")]
 from benchlib import PY, percentile, provenance, run_together, write_results, xsched_run  # noqa: E402
 
-VARIANTS = ("alone", "run", "run-idle", "burn", "run-tiny", "tiny", "native", "xsched")
+VARIANTS = ("alone", "run", "run-idle", "run-idle-cpu", "idle", "burn", "run-tiny", "tiny", "native", "xsched")
 WORK = REPO / "scripts" / "workloads"
 
 # Companions: each says READY, waits for the common start (models.wait_for_start's protocol), runs
@@ -45,6 +49,15 @@ COMPANIONS = {
         sys.path.insert(0, {work!r})
         import torch
         torch.zeros(1, device="cuda")
+        from models import wait_for_start
+        start = wait_for_start()
+        time.sleep(max(0.0, start + {seconds} - time.monotonic()))
+        print("{{}}")
+    """,
+    "idle-cpu": """
+        import sys, time
+        sys.path.insert(0, {work!r})
+        import torch
         from models import wait_for_start
         start = wait_for_start()
         time.sleep(max(0.0, start + {seconds} - time.monotonic()))
@@ -87,7 +100,8 @@ def commands(variant, model, batch, seconds, lp):
     serve = [PY, str(WORK / "serve.py"), "--model", model, "--batch", str(batch), "--seconds", str(seconds)]
     scheduled = variant.startswith("run") or variant == "xsched"
     cmds = [xsched_run(serve, priority=10) if scheduled else serve]
-    companion = {"run-idle": "idle", "burn": "burn", "run-tiny": "tiny", "tiny": "tiny"}.get(variant)
+    companion = {"run-idle": "idle", "run-idle-cpu": "idle-cpu", "idle": "idle", "burn": "burn", "run-tiny": "tiny",
+                 "tiny": "tiny"}.get(variant)
     if companion:
         other = [PY, "-c", textwrap.dedent(COMPANIONS[companion]).format(work=str(WORK), seconds=seconds)]
     elif variant in ("native", "xsched"):
