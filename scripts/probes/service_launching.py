@@ -10,6 +10,8 @@ Each variant is a separate run of the real programs, in alternating order over t
                 thread), nobody is held
   run-idle-cpu  ... next to an idle lower client that never touched the GPU (imported torch, no
                 CUDA context): the tracking without a second context on the GPU
+  run-idle-strict  run-idle with the service at --latency-slack 0 (strict priority: every request
+                protected, so no exposure and no guard thread)
   idle          serve.py next to the idle process of run-idle, neither under the scheduler: a
                 second process's (idle) context on the GPU, nothing else
   burn          serve.py by itself next to a process spinning on a CPU (no GPU): the host's
@@ -22,6 +24,9 @@ Each variant is a separate run of the real programs, in alternating order over t
                 default), without the scheduler and with both under `xsched-lv3 run` (defaults):
                 the two variants of scripts/bench_two_models.py, for reference in the same run
 
+With --baseline CHECKOUT each variant under the scheduler is also run with that tree's xsched_lv3
+(VARIANT-baseline, right after it): an A/B of two schedulers on one host.
+
 Per variant: the service's latency, its launching (the call until its last launch returned: its CPU)
 and its GPU wait, P50 / P90 / P99 in ms, as scripts/latency_split.py splits them. A diagnostic.
 
@@ -29,6 +34,7 @@ and its GPU wait, P50 / P90 / P99 in ms, as scripts/latency_split.py splits them
 """
 import argparse
 import json
+import os
 import re
 import sys
 import textwrap
@@ -38,7 +44,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts")]
 from benchlib import PY, percentile, provenance, run_together, write_results, xsched_run  # noqa: E402
 
-VARIANTS = ("alone", "run", "run-idle", "run-idle-cpu", "idle", "burn", "run-tiny", "tiny", "native", "xsched")
+VARIANTS = ("alone", "run", "run-idle", "run-idle-cpu", "run-idle-strict", "idle", "burn", "run-tiny", "tiny",
+            "native", "xsched")
+COMPANION_OF = {"run-idle": "idle", "run-idle-cpu": "idle-cpu", "run-idle-strict": "idle", "idle": "idle",
+                "burn": "burn", "run-tiny": "tiny", "tiny": "tiny"}
 WORK = REPO / "scripts" / "workloads"
 
 # Companions: each says READY, waits for the common start (models.wait_for_start's protocol), runs
@@ -98,10 +107,9 @@ COMPANIONS = {
 
 def commands(variant, model, batch, seconds, lp):
     serve = [PY, str(WORK / "serve.py"), "--model", model, "--batch", str(batch), "--seconds", str(seconds)]
-    scheduled = variant.startswith("run") or variant == "xsched"
-    cmds = [xsched_run(serve, priority=10) if scheduled else serve]
-    companion = {"run-idle": "idle", "run-idle-cpu": "idle-cpu", "idle": "idle", "burn": "burn", "run-tiny": "tiny",
-                 "tiny": "tiny"}.get(variant)
+    slack = 0 if variant.endswith("-strict") else None
+    cmds = [xsched_run(serve, priority=10, latency_slack=slack) if scheduled(variant) else serve]
+    companion = COMPANION_OF.get(variant)
     if companion:
         other = [PY, "-c", textwrap.dedent(COMPANIONS[companion]).format(work=str(WORK), seconds=seconds)]
     elif variant in ("native", "xsched"):
@@ -109,7 +117,11 @@ def commands(variant, model, batch, seconds, lp):
         other = [PY, str(WORK / "batch.py"), "--model", lp_model, "--batch", lp_batch, "--seconds", str(seconds)]
     else:
         return cmds
-    return cmds + [xsched_run(other) if scheduled else other]
+    return cmds + [xsched_run(other) if scheduled(variant) else other]
+
+
+def scheduled(variant):
+    return variant.startswith("run") or variant == "xsched"
 
 
 def split(out):
@@ -135,17 +147,25 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--lp", default="resnet50:64", metavar="MODEL:BATCH", help="the batch job of native and xsched")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--baseline", metavar="CHECKOUT", help="also run the scheduled variants with this tree's scheduler")
     p.add_argument("--out")
     args = p.parse_args()
     if args.rounds < 1 or args.seconds <= 2 or args.batch < 1 or not re.fullmatch(r"\w+:[1-9]\d*", args.lp):
         p.error("--rounds must be >= 1, --seconds > 2, --batch >= 1, --lp MODEL:BATCH")
     doc = {"probe": "the service's launching next to companions", **provenance(), "model": args.model,
-           "batch": args.batch, "lp": args.lp, "seconds": args.seconds, "rows": []}
+           "batch": args.batch, "lp": args.lp, "baseline": args.baseline,
+           "baseline_revision": os.environ.get("BENCH_BASELINE_REVISION") if args.baseline else None,
+           "seconds": args.seconds, "rows": []}
     for r in range(args.rounds):
-        order = args.variants if r % 2 == 0 else args.variants[::-1]
-        for variant in order:
+        runs = [(v, tree) for v in args.variants
+                for tree in [REPO] + ([Path(args.baseline)] if args.baseline and scheduled(v) else [])]
+        if r % 2:
+            runs.reverse()
+        for variant, tree in runs:
             cmds = commands(variant, args.model, args.batch, args.seconds, args.lp)
-            outs = run_together(cmds, timeout_s=args.seconds + 120)
+            outs = run_together(cmds, timeout_s=args.seconds + 120, checkout=tree)
+            if tree != REPO:
+                variant += "-baseline"
             row = {"round": r + 1, "variant": variant, **split(outs[0]),
                    "companion": outs[1] if len(outs) > 1 else None, "service_gate": outs[0].get("gate")}
             doc["rows"].append(row)
