@@ -934,6 +934,55 @@ def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
     lp.close()
 
 
+def test_a_held_thread_is_woken_by_its_holders_idle_mark_not_by_its_timeout(torch_fake, monkeypatch):
+    """The holder wakes the threads held on it only where there are any (a service alone in its
+    process skips the condition): that test must not miss one that is about to wait."""
+    torch, gpu, xt = torch_fake
+    import xsched_lv3.gate as gate_module
+    monkeypatch.setattr(gate_module, "LOCAL_WAIT_MAX_S", 30.0)     # only a wake-up can release it in time
+    hp = other_client(xt, priority=10)
+    lp = gate_module.Gate(xt.TorchRecorder(), priority=0, window_us=None)
+    for _ in range(5):
+        hp.begin_request()
+        released = []
+        held = threading.Thread(target=lambda: (lp.check(), released.append(time.monotonic())))
+        held.start()
+        time.sleep(0.05)
+        assert not released
+        ended = time.monotonic()
+        hp.end_request()
+        held.join(2)
+        assert released and released[0] - ended < 0.5
+    assert gate_module._local_waiters[0] == 0
+    hp.close()
+    lp.close()
+
+
+def test_a_services_request_ends_reuse_their_completion_events(torch_fake, monkeypatch):
+    """The watcher hands each request's completion event back once it has waited for it: a new CUDA
+    event a request cost the service's end of request its creation (and its destruction later)."""
+    torch, gpu, xt = torch_fake
+    made = []
+
+    class CountedEvent(torch.cuda.Event):
+        def __init__(self, *a, **k):
+            made.append(self)
+            super().__init__(*a, **k)
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    m = model(torch, "k", 3, 0.001)
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10) as gate:
+        for _ in range(20):
+            m(None)
+            torch.cuda.Stream().synchronize()
+            deadline = time.monotonic() + 2
+            while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+                time.sleep(0.001)                # its watcher has marked it idle: done with the event
+        assert gate.tracking and gate.stats()["busy_periods"] == 20
+    assert len(made) <= 2
+    lp.close()
+
+
 HOLDER = """
 import os, signal, sys
 from xsched_lv3.board import Board

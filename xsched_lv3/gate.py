@@ -25,6 +25,7 @@ integer comparison and one attribute (`may_pass`), inlined in the PyTorch wrappe
 client makes hundreds of module calls per iteration, and each microsecond there costs it percents.
 """
 import os
+import queue
 import threading
 import time
 from collections import deque
@@ -46,6 +47,9 @@ POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll 
 # from other processes (the daemon, `xsched-lv3 hint`).
 LOCAL_WAIT_MAX_S = 5e-3
 _LOCAL_WRITES = threading.Condition()
+# Threads waiting on _LOCAL_WRITES (changed under it): a write wakes them only where there are any, so
+# that a service alone in its process does not take the condition twice a request for nobody
+_local_waiters = [0]
 # A process's only launching thread spins (yielding the GIL each turn) for the first part of a hold:
 # a sleeping thread on an idle CPU wakes late, and a launch-bound client then runs slowly for a while.
 PROCESS_SPIN_S = 2e-3
@@ -78,6 +82,13 @@ KEPT_OPEN_MAX_S = 1.0
 
 
 _GAP_OUTLASTED = object()                  # the watcher's wake-up: no request came back within the gap
+
+
+def _wake_local_waiters():
+    """After a board write that threads of this process held back on _LOCAL_WRITES should see."""
+    if _local_waiters[0]:
+        with _LOCAL_WRITES:
+            _LOCAL_WRITES.notify_all()
 
 
 class Gate:
@@ -146,8 +157,9 @@ class Gate:
         # stays stopped. Keyed by the activation, so the same client's next request counts again.
         self._excused = set()
         self._last_reap = time.monotonic()
-        self._watch = deque()
-        self._watch_cv = threading.Condition()
+        # (request, end handle) for the watcher; None closes it. A C queue: putting one costs a request's
+        # end a single call, where a Condition took several of Python's (see _watched)
+        self._watch = queue.SimpleQueue()
         self._watcher = None
         self.level = 1                             # 3 while the daemon preempts us through KFD (no gating)
         self._daemon_wake = None                   # where to poke the daemon when our activity changes
@@ -338,9 +350,7 @@ class Gate:
                 return                             # another thread's request still runs
             request = self._requests
         handle = self.recorder.record()            # waited on by the watcher, off the hot path
-        with self._watch_cv:
-            self._watch.append((request, handle))
-            self._watch_cv.notify()
+        self._watch.put((request, handle))
 
     def _mark(self, active):
         now = time.monotonic()
@@ -363,16 +373,15 @@ class Gate:
                 self.seen_generation = mine
             if self._daemon_wake:
                 daemon_link.poke(self._daemon_wake)     # Lv3: suspend or resume the clients below now
-        with _LOCAL_WRITES:
-            _LOCAL_WRITES.notify_all()             # threads of this process held back by us
+        _wake_local_waiters()                      # threads of this process held back by us
 
     def _idle_watcher(self):
         keep = None                                # (until, request): a busy period kept open across a gap
         while True:
-            with self._watch_cv:
-                while not self._watch and (keep is None or time.monotonic() < keep[0]):
-                    self._watch_cv.wait(None if keep is None else keep[0] - time.monotonic())
-                item = self._watch.popleft() if self._watch else _GAP_OUTLASTED
+            try:
+                item = self._watch.get(timeout=None if keep is None else max(0.0, keep[0] - time.monotonic()))
+            except queue.Empty:
+                item = _GAP_OUTLASTED
             if item is None:                       # closed
                 return
             if item is _GAP_OUTLASTED:
@@ -384,6 +393,7 @@ class Gate:
             request, handle = item
             self.recorder.wait(handle)
             done_at = time.monotonic()
+            self.recorder.done(handle)             # (True by now) the recorder may reuse its event
             time.sleep(RESULT_FIRST_S)
             with self._lock:
                 if request == self._requests and not self._open and self._busy_since is not None:
@@ -533,10 +543,15 @@ class Gate:
                 time.sleep(0)                     # stay runnable: an idle vCPU is slow to wake
             elif self._others_here:
                 with _LOCAL_WRITES:               # a write between our read and this wait is seen here
-                    if self.seen_generation == self.board_generation[0]:
-                        timeout = LOCAL_WAIT_MAX_S if self._wake_at is None else \
-                            min(LOCAL_WAIT_MAX_S, max(0.0, self._wake_at - now))
-                        _LOCAL_WRITES.wait(timeout)
+                    # counted before the test: a writer that finds no waiter has bumped the generation already
+                    _local_waiters[0] += 1
+                    try:
+                        if self.seen_generation == self.board_generation[0]:
+                            timeout = LOCAL_WAIT_MAX_S if self._wake_at is None else \
+                                min(LOCAL_WAIT_MAX_S, max(0.0, self._wake_at - now))
+                            _LOCAL_WRITES.wait(timeout)
+                    finally:
+                        _local_waiters[0] -= 1
             else:
                 time.sleep(poll)
                 poll = min(POLL_MAX_S, poll * 2)
@@ -569,11 +584,8 @@ class Gate:
             slot, self.slot = self.slot, None
         if slot is not None:
             self.board.release(slot, self._pid)
-            with _LOCAL_WRITES:
-                _LOCAL_WRITES.notify_all()
-        with self._watch_cv:
-            self._watch.append(None)               # stops the watcher
-            self._watch_cv.notify()
+            _wake_local_waiters()
+        self._watch.put(None)                      # stops the watcher
         with self._guard_cv:
             self._guard_stop = True
             self._guard_cv.notify()
