@@ -31,6 +31,7 @@ Per variant: the service's latency, its launching (the call until its last launc
 and its GPU wait, P50 / P90 / P99 in ms, as scripts/latency_split.py splits them. A diagnostic.
 
     python scripts/probes/service_launching.py --rounds 2 --out FILE
+    python scripts/probes/service_launching.py --table FILES      # the docs' table
 """
 import argparse
 import json
@@ -138,7 +139,26 @@ def split(out):
     return summary
 
 
+def table(paths):
+    """One row per file, round and variant: the three parts' P50 / P90 / P99 (ms)."""
+    lines = ["| run | round | variant | latency P50 / P90 / P99 (ms) | launching | GPU wait |",
+             "|---|---|---|---|---|---|"]
+    cards = set()
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        cards.add(f"{doc.get('card')}, {doc.get('cpu_count')} CPUs")
+        for row in doc["rows"]:
+            cells = " | ".join(" / ".join(f"{x:.2f}" for x in row[k]) for k in ("latency", "launching", "gpu_wait"))
+            lines.append(f"| {Path(path).stem} | {row['round']} | {row['variant']} | {cells} |")
+    lines += ["", f"{len(paths)} results files ({'; '.join(sorted(cards))}); {{n}} requests a row at least.".format(
+        n=min(r["requests"] for p in paths for r in json.loads(Path(p).read_text())["rows"]))]
+    return "\n".join(lines)
+
+
 def main():
+    if sys.argv[1:2] == ["--table"]:
+        print(table(sys.argv[2:]))
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
