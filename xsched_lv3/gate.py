@@ -61,10 +61,10 @@ WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU wor
 # The watcher's wait for a request's GPU work ends at the moment the client's own thread, waiting for
 # the same work (its result), wakes up too, and both want the GIL. The watcher sleeps this long first,
 # so that the result comes back without waiting behind the watcher's bookkeeping (its protection's,
-# the board's marks): on an H100 a service's wait for its result after its last launch went from 0.10
-# to 0.16 ms at the P50, and from 0.13 to 0.33 ms at the P90, once the watcher ran
-# (scripts/probes/service_launching.py: run against run-idle). Lower clients are released this much
-# later.
+# the board's marks). Lower clients are released this much later. On a one-GPU H100 host, a ResNet-18
+# b4 service with an idle lower client registered waited for its result after its last launch 0.17-0.19
+# ms at the P90 with this, against 0.22-0.26 without it (four same-host pairs; 0.10-0.12 with nobody
+# below it); docs/measurements.md, *What tracking its requests costs a service*.
 RESULT_FIRST_S = 50e-6
 BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forward commands (before_backward)
 # A busy period (what lower clients are held for, and what the protection judges) goes on across a
