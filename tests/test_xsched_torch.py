@@ -936,7 +936,7 @@ def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
 
 def test_a_held_thread_is_woken_by_its_holders_idle_mark_not_by_its_timeout(torch_fake, monkeypatch):
     """The holder wakes the threads held on it only where there are any (a service alone in its
-    process skips the condition): that test must not miss one that is about to wait."""
+    process skips the condition): one that waits is woken by the idle mark, not by its timeout."""
     torch, gpu, xt = torch_fake
     import xsched_lv3.gate as gate_module
     monkeypatch.setattr(gate_module, "LOCAL_WAIT_MAX_S", 30.0)     # only a wake-up can release it in time

@@ -58,14 +58,6 @@ REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at 
 DAEMON_CHECK_S = 0.05                      # is the daemon (our Lv3) still there? At most this often
 REGISTER_TIMEOUT_S = 0.5                   # a daemon that does not answer: take a slot from the board
 WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
-# The watcher's wait for a request's GPU work ends at the moment the client's own thread, waiting for
-# the same work (its result), wakes up too, and both want the GIL. The watcher sleeps this long first,
-# so that the result comes back without waiting behind the watcher's bookkeeping (its protection's,
-# the board's marks). Lower clients are released this much later. On a one-GPU H100 host, a ResNet-18
-# b4 service with an idle lower client registered waited for its result after its last launch 0.17-0.19
-# ms at the P90 with this, against 0.22-0.26 without it (four same-host pairs; 0.10-0.12 with nobody
-# below it); docs/measurements.md, *What tracking its requests costs a service*.
-RESULT_FIRST_S = 50e-6
 BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forward commands (before_backward)
 # A busy period (what lower clients are held for, and what the protection judges) goes on across a
 # short idle gap between requests, by the ski-rental rule over the recent gaps (policy.hold_for): a
@@ -392,14 +384,18 @@ class Gate:
                 continue
             request, handle = item
             self.recorder.wait(handle)
-            done_at = time.monotonic()
+            # No pause here to let the client's own thread (waiting for the same work: its result) take
+            # the GIL first. Tried (a 50 µs sleep): its wait for the result came down at the P90 on an H100
+            # (0.17-0.19 ms against 0.22-0.26), but where that thread then runs Python (a reply to
+            # serialise), the watcher got the GIL back only at the interpreter's 5 ms switch, and lower
+            # clients were released 5.5 ms after the GPU was done at the median instead of 0.3 ms
+            # (docs/measurements.md, *What tracking its requests costs a service*).
             self.recorder.done(handle)             # (True by now) the recorder may reuse its event
-            time.sleep(RESULT_FIRST_S)
             with self._lock:
                 if request == self._requests and not self._open and self._busy_since is not None:
                     # none began meanwhile: the GPU has done all our work, and the busy period ends
                     # here unless the next request comes back within the gap we keep it open for
-                    self._work_done_at = now = done_at
+                    self._work_done_at = now = time.monotonic()
                     gap = hold_for(RELEASE_COST_S, self._gaps) if now - self._busy_since < KEPT_OPEN_MAX_S else 0.0
                     if gap:
                         keep = (now + gap, request)

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""How soon a service's lower clients are released once its request's GPU work is done, when the
+service's own thread runs Python right after its result (a reply to serialise): the time from the
+GPU's completion to the service's idle mark on the board. Fake torch (tests/fake_torch.py), no GPU;
+its events are polled, so only the CPU side is timed. A diagnostic.
+
+    python scripts/probes/release_delay.py --work-ms 20 --requests 40 --out FILE
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "scripts")]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work-ms", type=float, default=20.0, help="Python after each result, GIL held")
+    p.add_argument("--kernel-ms", type=float, default=2.0)
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.requests < 10 or args.work_ms < 0 or args.kernel_ms <= 0:
+        p.error("--requests must be >= 10, --work-ms >= 0, --kernel-ms > 0")
+    import fake_torch
+    gpu = fake_torch.FakeGPU()
+    torch = sys.modules["torch"] = fake_torch.make(gpu)
+    os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
+    import xsched_lv3.pytorch as xt
+    from benchlib import percentile, provenance, write_results
+    from xsched_lv3.gate import Gate
+    service, below = Gate(xt.TorchRecorder(), 10, window_us=None), Gate(xt.TorchRecorder(), 0, window_us=None)
+    marks, delays = [], []
+    mark = service._mark
+    service._mark = lambda active: (None if active else marks.append(time.monotonic()), mark(active))
+    for _ in range(args.requests):
+        service.begin_request()
+        done_at = gpu.launch("k", args.kernel_ms / 1e3)
+        service.end_request()
+        torch.cuda.Stream().synchronize()            # the service's result
+        t = time.monotonic()
+        while time.monotonic() - t < args.work_ms / 1e3:
+            pass                                     # its Python after the result
+        time.sleep(0.03)                             # idle until the next request: marked by now
+        delays.append(marks[-1] - done_at)
+    service.close()
+    below.close()
+    ordered = sorted(d * 1e3 for d in delays)
+    summary = {q: round(percentile(ordered, p), 3) for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+    summary["max"] = round(ordered[-1], 3)
+    print(f"lower clients released after the GPU was done (ms): {summary}")
+    if args.out:
+        write_results(args.out, {"probe": "release delay after a service's request", **provenance(),
+                                 "work_ms": args.work_ms, "kernel_ms": args.kernel_ms, "requests": args.requests,
+                                 "switch_interval_ms": sys.getswitchinterval() * 1e3, "release_ms": summary})
+
+
+if __name__ == "__main__":
+    main()
