@@ -150,7 +150,7 @@ class Gate:
         self._excused = set()
         self._last_reap = time.monotonic()
         # (request, end handle) for the watcher; None closes it. A C queue: putting one costs a request's
-        # end a single call, where a Condition took several of Python's (see _watched)
+        # end a single call, where a Condition took several of Python's (_idle_watcher takes them)
         self._watch = queue.SimpleQueue()
         self._watcher = None
         self.level = 1                             # 3 while the daemon preempts us through KFD (no gating)

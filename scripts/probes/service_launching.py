@@ -44,6 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts")]
 from benchlib import PY, percentile, provenance, run_together, write_results, xsched_run  # noqa: E402
+from bench_two_models import summarize  # noqa: E402  (serve.py's output as a results row)
+from latency_split import parts  # noqa: E402  (a request's latency in its three parts)
 
 VARIANTS = ("alone", "run", "run-idle", "run-idle-cpu", "run-idle-strict", "idle", "burn", "run-tiny", "tiny",
             "native", "xsched")
@@ -127,15 +129,13 @@ def scheduled(variant):
 
 def split(out):
     """P50 / P90 / P99 (ms) of the service's latency, launching and GPU wait."""
-    rows = [(lat, lat - late, wait) for lat, late, wait in
-            zip(out["hp_latencies_s"], out["hp_wake_late_s"], out["hp_gpu_wait_s"])]
-    rows = [(lat * 1e3, (own - wait) * 1e3, wait * 1e3) for lat, own, wait in rows]
-    summary = {"requests": len(rows)}
+    row = summarize(out)
+    requests = parts(row)
+    summary = {"requests": len(requests)}
     for i, name in enumerate(("latency", "launching", "gpu_wait")):
-        ordered = sorted(r[i] for r in rows)
+        ordered = sorted(r[i] for r in requests)
         summary[name] = [round(percentile(ordered, q), 3) for q in (0.5, 0.9, 0.99)]
-    late = sorted(x * 1e3 for x in out["hp_wake_late_s"])
-    summary["wake_late_p50"] = round(percentile(late, 0.5), 3)
+    summary["wake_late_p50"] = round(row["hp_wake_late_p50_ms"], 3)
     return summary
 
 
@@ -143,15 +143,15 @@ def table(paths):
     """One row per file, round and variant: the three parts' P50 / P90 / P99 (ms)."""
     lines = ["| run | round | variant | latency P50 / P90 / P99 (ms) | launching | GPU wait |",
              "|---|---|---|---|---|---|"]
-    cards = set()
+    cards, fewest = set(), None
     for path in paths:
         doc = json.loads(Path(path).read_text())
         cards.add(f"{doc.get('card')}, {doc.get('cpu_count')} CPUs")
         for row in doc["rows"]:
             cells = " | ".join(" / ".join(f"{x:.2f}" for x in row[k]) for k in ("latency", "launching", "gpu_wait"))
             lines.append(f"| {Path(path).stem} | {row['round']} | {row['variant']} | {cells} |")
-    lines += ["", f"{len(paths)} results files ({'; '.join(sorted(cards))}); {{n}} requests a row at least.".format(
-        n=min(r["requests"] for p in paths for r in json.loads(Path(p).read_text())["rows"]))]
+            fewest = row["requests"] if fewest is None else min(fewest, row["requests"])
+    lines += ["", f"{len(paths)} results files ({'; '.join(sorted(cards))}); {fewest} requests a row at least."]
     return "\n".join(lines)
 
 
