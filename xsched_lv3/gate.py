@@ -36,6 +36,7 @@ from kfdtool.pids import stopped
 
 from . import daemon_link
 from .board import Board
+from .gil import short_switch
 from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
 from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow
@@ -383,24 +384,32 @@ class Gate:
                 keep = None
                 continue
             request, handle = item
-            self.recorder.wait(handle)
-            # No pause here to let the client's own thread (waiting for the same work: its result) take
-            # the GIL first. Tried (a 50 µs sleep): its wait for the result came down at the P90 on an H100
-            # (0.17-0.19 ms against 0.22-0.26), but where that thread then runs Python (a reply to
-            # serialise), the watcher got the GIL back only at the interpreter's 5 ms switch, and lower
-            # clients were released 5.5 ms after the GPU was done at the median instead of 0.3 ms
-            # (docs/measurements.md, *What tracking its requests costs a service*).
-            self.recorder.done(handle)             # (True by now) the recorder may reuse its event
-            with self._lock:
-                if request == self._requests and not self._open and self._busy_since is not None:
-                    # none began meanwhile: the GPU has done all our work, and the busy period ends
-                    # here unless the next request comes back within the gap we keep it open for
-                    self._work_done_at = now = time.monotonic()
-                    gap = hold_for(RELEASE_COST_S, self._gaps) if now - self._busy_since < KEPT_OPEN_MAX_S else 0.0
-                    if gap:
-                        keep = (now + gap, request)
-                    else:
-                        self._end_busy_period()
+            with short_switch:                     # the GIL back soon after the GPU is done (gil.py)
+                keep = self._request_done(request, handle) or keep
+
+    def _request_done(self, request, handle):
+        """The watcher: wait for a request's GPU work; if it was our last, the busy period ends, or
+        is kept open across the gap it returns, (until, request). A wait that begins while the
+        switch interval is short: where the client's thread runs Python as the work completes (a
+        reply to serialise), the watcher gets the GIL after that interval, not the default 5 ms."""
+        self.recorder.wait(handle)
+        # No pause here to let the client's own thread (waiting for the same work: its result) take
+        # the GIL first. Tried (a 50 µs sleep): its wait for the result came down at the P90 on an H100
+        # (0.17-0.19 ms against 0.22-0.26), but where that thread then runs Python (a reply to
+        # serialise), the watcher got the GIL back only at the interpreter's 5 ms switch, and lower
+        # clients were released 5.5 ms after the GPU was done at the median instead of 0.3 ms
+        # (docs/measurements.md, *What tracking its requests costs a service*).
+        self.recorder.done(handle)                 # (True by now) the recorder may reuse its event
+        with self._lock:
+            if request == self._requests and not self._open and self._busy_since is not None:
+                # none began meanwhile: the GPU has done all our work, and the busy period ends
+                # here unless the next request comes back within the gap we keep it open for
+                self._work_done_at = now = time.monotonic()
+                gap = hold_for(RELEASE_COST_S, self._gaps) if now - self._busy_since < KEPT_OPEN_MAX_S else 0.0
+                if gap:
+                    return (now + gap, request)
+                self._end_busy_period()
+        return None
 
     def _end_busy_period(self):
         """Under self._lock: the busy period's latency is known (to the moment its work was done)."""

@@ -37,6 +37,7 @@ import zlib
 from contextlib import contextmanager
 
 from .gate import Gate
+from .gil import short_switch
 from .runenv import process_gate
 from .window import DEFAULT_WINDOW_US
 
@@ -323,28 +324,27 @@ def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
 
 
 _clients_lock = threading.Lock()
-_clients = {"n": 0, "switch_interval": None}
+_clients = {"n": 0}
 # With two scheduled threads in one process, a high-priority thread that wakes up for a request needs
 # the GIL while a batch thread is launching. PyTorch's op bindings release it around every op, but a
 # thread that releases and retakes it at once usually wins the race against a waiter that has to be
-# woken, so the waiter gets it once the switch interval (5 ms by default) forces a hand-over. Measured
-# both ways (scripts/probes/threads_b16.py; results/diagnostics/threads_b16_probe_*.txt and
+# woken, so the waiter gets it once the switch interval (5 ms by default) forces a hand-over: while two
+# clients share the process, it is short (gil.short_switch). Measured both ways
+# (scripts/probes/threads_b16.py; results/diagnostics/threads_b16_probe_*.txt and
 # bench_two_models_threads_switch_ab_h200_68b3ae5.json): short probes favoured the default interval for
 # a ResNet-50 b16 batch thread (ahead in 4 of 5 pairs, by 12-31 %; 12 s runs, noise ~20 %), a full run
 # did not (0.67 of alone against 0.69 with 0.5 ms), and there the transformer service's P99 went from
 # 0.93x to 1.56x of alone.
-THREADS_SWITCH_INTERVAL_S = 0.5e-3
 
 
 def _thread_clients(delta):
     with _clients_lock:
-        _clients["n"] += delta
-        if _clients["n"] >= 2 and _clients["switch_interval"] is None:
-            _clients["switch_interval"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_clients["switch_interval"], THREADS_SWITCH_INTERVAL_S))
-        elif _clients["n"] < 2 and _clients["switch_interval"] is not None:
-            sys.setswitchinterval(_clients["switch_interval"])
-            _clients["switch_interval"] = None
+        before = _clients["n"]
+        _clients["n"] = after = before + delta
+        if before < 2 <= after:
+            short_switch.hold()
+        elif after < 2 <= before:
+            short_switch.release()
 
 
 def scheduled(priority=0, **kwargs):

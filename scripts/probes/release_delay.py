@@ -22,26 +22,45 @@ def main():
     p.add_argument("--work-ms", type=float, default=20.0, help="Python after each result, GIL held")
     p.add_argument("--kernel-ms", type=float, default=2.0)
     p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--cuda", action="store_true", help="a real GPU (torch with CUDA or ROCm) instead of fake torch")
+    p.add_argument("--short-switch-ms", type=float,
+                   help="the scheduler's short GIL switch interval (xsched_lv3.gil; 5 = the interpreter's "
+                        "default, as before it existed)")
     p.add_argument("--out")
     args = p.parse_args()
     if args.requests < 10 or args.work_ms < 0 or args.kernel_ms <= 0:
         p.error("--requests must be >= 10, --work-ms >= 0, --kernel-ms > 0")
-    import fake_torch
-    gpu = fake_torch.FakeGPU()
-    torch = sys.modules["torch"] = fake_torch.make(gpu)
+    if args.cuda:
+        import torch
+        torch.cuda.init()
+        torch.cuda._sleep(1000)                      # the context and the kernel's module, before any timing
+        torch.cuda.synchronize()
+        cycles = _cycles_per_ms(torch)
+    else:
+        import fake_torch
+        gpu = fake_torch.FakeGPU()
+        torch = sys.modules["torch"] = fake_torch.make(gpu)
     os.environ["XSCHED_LV3_BOARD"] = str(Path(tempfile.mkdtemp()) / "board")
     import xsched_lv3.pytorch as xt
     from benchlib import percentile, provenance, write_results
     from xsched_lv3.gate import Gate
+    from xsched_lv3.gil import short_switch
+    if args.short_switch_ms is not None:
+        short_switch.seconds = args.short_switch_ms / 1e3
     service, below = Gate(xt.TorchRecorder(), 10, window_us=None), Gate(xt.TorchRecorder(), 0, window_us=None)
     marks, delays = [], []
     mark = service._mark
     service._mark = lambda active: (None if active else marks.append(time.monotonic()), mark(active))
     for _ in range(args.requests):
         service.begin_request()
-        done_at = gpu.launch("k", args.kernel_ms / 1e3)
+        if args.cuda:
+            torch.cuda._sleep(int(cycles * args.kernel_ms))
+        else:
+            done_at = gpu.launch("k", args.kernel_ms / 1e3)
         service.end_request()
-        torch.cuda.Stream().synchronize()            # the service's result
+        torch.cuda.current_stream().synchronize()    # the service's result
+        if args.cuda:
+            done_at = time.monotonic()               # (the GPU's completion is not on this clock)
         t = time.monotonic()
         while time.monotonic() - t < args.work_ms / 1e3:
             pass                                     # its Python after the result
@@ -55,8 +74,21 @@ def main():
     print(f"lower clients released after the GPU was done (ms): {summary}")
     if args.out:
         write_results(args.out, {"probe": "release delay after a service's request", **provenance(),
+                                 "gpu": "cuda" if args.cuda else "fake torch (polled events)",
+                                 "delay_from": "the result's return" if args.cuda else "the GPU's completion",
                                  "work_ms": args.work_ms, "kernel_ms": args.kernel_ms, "requests": args.requests,
-                                 "switch_interval_ms": sys.getswitchinterval() * 1e3, "release_ms": summary})
+                                 "switch_interval_ms": sys.getswitchinterval() * 1e3,
+                                 "short_switch_ms": short_switch.seconds * 1e3, "release_ms": summary})
+
+
+def _cycles_per_ms(torch):
+    """torch.cuda._sleep's cycles in a millisecond on this GPU (timed once)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / start.elapsed_time(end)
 
 
 if __name__ == "__main__":

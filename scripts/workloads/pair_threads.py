@@ -53,7 +53,8 @@ def main():
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
         if xt:
-            xt.THREADS_SWITCH_INTERVAL_S = args.switch_interval_ms / 1e3     # what two clients would set
+            from xsched_lv3.gil import short_switch
+            short_switch.seconds = args.switch_interval_ms / 1e3     # what two clients would set
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
     failed = []
