@@ -1168,3 +1168,31 @@ def test_a_services_watcher_waits_with_a_short_switch_interval(torch_fake):
         assert gate.tracking
     assert seen and all(s == pytest.approx(min(before, SHORT_SWITCH_S)) for s in seen)
     lp.close()
+
+
+def test_a_gap_kept_open_ends_with_the_switch_interval_short_and_gives_it_back(torch_fake, monkeypatch):
+    """A busy period kept open across a gap (no gap history yet: the service may come straight back)
+    ends when the watcher's wait for the next request times out; that wake-up needs the GIL too, so
+    the interval is short until then, and the program's own afterwards."""
+    from xsched_lv3.gil import SHORT_SWITCH_S
+    import xsched_lv3.gate as gate_module
+    torch, gpu, xt = torch_fake
+    before = sys.getswitchinterval()
+    lp = other_client(xt, priority=0)
+    service = gate_module.Gate(xt.TorchRecorder(), priority=10, window_us=None, latency_slack=0)
+    monkeypatch.setattr(gate_module, "RELEASE_COST_S", 0.2)       # a gap kept open long enough to look at
+    service.begin_request()
+    gpu.launch("k", 0.002)
+    service.end_request()
+    torch.cuda.Stream().synchronize()
+    time.sleep(0.05)                                  # the work is done; the gap is kept open
+    assert service.board.read_slot(service.slot)[2]   # still marked active
+    assert sys.getswitchinterval() == pytest.approx(min(before, SHORT_SWITCH_S))
+    deadline = time.monotonic() + 2
+    while service.board.read_slot(service.slot)[2] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not service.board.read_slot(service.slot)[2]
+    time.sleep(0.01)
+    assert sys.getswitchinterval() == before
+    service.close()
+    lp.close()

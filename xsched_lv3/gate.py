@@ -369,23 +369,34 @@ class Gate:
         _wake_local_waiters()                      # threads of this process held back by us
 
     def _idle_watcher(self):
-        keep = None                                # (until, request): a busy period kept open across a gap
-        while True:
-            try:
-                item = self._watch.get(timeout=None if keep is None else max(0.0, keep[0] - time.monotonic()))
-            except queue.Empty:
-                item = _GAP_OUTLASTED
-            if item is None:                       # closed
-                return
-            if item is _GAP_OUTLASTED:
-                with self._lock:
-                    if keep[1] == self._requests and not self._open and self._busy_since is not None:
-                        self._end_busy_period()
-                keep = None
-                continue
-            request, handle = item
-            with short_switch:                     # the GIL back soon after the GPU is done (gil.py)
-                keep = self._request_done(request, handle) or keep
+        # (until, request): a busy period kept open across a gap. Meanwhile the switch interval is short
+        # too: where the gap outlasts it, our wake-up from the queue's wait ends the busy period.
+        keep = None
+        try:
+            while True:
+                try:
+                    item = self._watch.get(timeout=None if keep is None else max(0.0, keep[0] - time.monotonic()))
+                except queue.Empty:
+                    item = _GAP_OUTLASTED
+                if item is None:                   # closed
+                    return
+                if item is _GAP_OUTLASTED:
+                    with self._lock:
+                        if keep[1] == self._requests and not self._open and self._busy_since is not None:
+                            self._end_busy_period()
+                    kept = None
+                else:
+                    request, handle = item
+                    with short_switch:             # the GIL back soon after the GPU is done (gil.py)
+                        kept = self._request_done(request, handle) or keep
+                if keep is None and kept is not None:
+                    short_switch.hold()
+                elif keep is not None and kept is None:
+                    short_switch.release()
+                keep = kept
+        finally:
+            if keep is not None:
+                short_switch.release()
 
     def _request_done(self, request, handle):
         """The watcher: wait for a request's GPU work; if it was our last, the busy period ends, or

@@ -30,7 +30,10 @@ def main():
                    help="the service at --latency-slack 0: every request holds the lower client (else a "
                         "request its protection exposes marks nothing, and is not counted)")
     p.add_argument("--out")
+    p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the docs' table of these results")
     args = p.parse_args()
+    if args.table:
+        return print_table(args.table)
     if args.requests < 10 or args.work_ms < 0 or args.kernel_ms <= 0:
         p.error("--requests must be >= 10, --work-ms >= 0, --kernel-ms > 0")
     if args.cuda:
@@ -80,7 +83,8 @@ def main():
     ordered = sorted(d * 1e3 for d in delays)
     summary = {q: round(percentile(ordered, p), 3) for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
     summary["max"] = round(ordered[-1], 3)
-    print(f"lower clients released after the GPU was done (ms), {len(delays)} requests: {summary}")
+    print(f"lower clients released after the GPU was done (ms), {len(delays)} requests: {summary}; "
+          f"the first request's {delays[0] * 1e3:.3f}")
     if args.out:
         write_results(args.out, {"probe": "release delay after a service's request", **provenance(),
                                  "gpu": "cuda" if args.cuda else "fake torch (polled events)",
@@ -88,7 +92,24 @@ def main():
                                  "work_ms": args.work_ms, "kernel_ms": args.kernel_ms, "requests": args.requests,
                                  "strict": args.strict, "requests_that_held": len(delays),
                                  "switch_interval_ms": sys.getswitchinterval() * 1e3,
-                                 "short_switch_ms": short_switch.seconds * 1e3, "release_ms": summary})
+                                 "short_switch_ms": short_switch.seconds * 1e3, "release_ms": summary,
+                                 "first_ms": round(delays[0] * 1e3, 3)})
+
+
+def print_table(files):
+    import json
+    print("| results | GPU | from | switch interval while waiting (ms) | requests that held | release P10 / P50 / P90 / max (ms) |")
+    print("|---|---|---|---|---|---|")
+    for f in files:
+        r = json.loads(Path(f).read_text())
+        ms = r["release_ms"]
+        card = r["card"] if r.get("gpu") == "cuda" else f"fake torch ({r['cpu_count']} CPUs)"
+        held = r.get("requests_that_held")
+        held = f"{held} of {r['requests']}" if held is not None else f"not counted ({r['requests']} requests)"
+        origin = r.get("delay_from", "the GPU's completion")
+        print(f"| {Path(f).stem} | {card} | {origin} | "
+              f"{r.get('short_switch_ms', r['switch_interval_ms']):g} | {held} | "
+              f"{ms['p10']:.2f} / {ms['p50']:.2f} / {ms['p90']:.2f} / {ms['max']:.2f} |")
 
 
 def _cycles_per_ms(torch):
