@@ -1,4 +1,5 @@
 """gil.short_switch: one process-wide count over who needs the GIL handed over soon."""
+import ast
 import sys
 
 import pytest
@@ -39,3 +40,28 @@ def test_a_program_already_switching_faster_is_left_alone(default_interval):
     with switch:
         assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S / 5)
     assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S / 5)
+
+
+def test_a_forked_child_gets_the_programs_interval_back(default_interval):
+    """A child forked while a watcher held the interval short has no such watcher: the program's
+    own interval, and a count that a late release cannot drive below zero."""
+    import os
+
+    from xsched_lv3.gil import short_switch
+    with short_switch:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the child
+            first = sys.getswitchinterval()
+            short_switch.release()                     # a late release: nothing is held in the child
+            with short_switch:
+                inside = sys.getswitchinterval()
+            os.write(write, repr((first, inside, sys.getswitchinterval())).encode())
+            os._exit(0)
+        os.close(write)
+        first, inside, after = ast.literal_eval(os.read(read, 256).decode())
+        os.waitpid(pid, 0)
+        assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S)    # the parent's still held
+    assert first == pytest.approx(default_interval) and after == pytest.approx(default_interval)
+    assert inside == pytest.approx(SHORT_SWITCH_S)
+    assert sys.getswitchinterval() == pytest.approx(default_interval)

@@ -10,6 +10,7 @@ request whose thread runs Python right after its result (a reply to serialise).
 One process-wide count: the interval is shortened while anyone holds it, and restored when the last
 holder lets go, unless the program set one of its own meanwhile (then that stays).
 """
+import os
 import sys
 import threading
 
@@ -40,13 +41,26 @@ class ShortSwitch:
 
     def release(self):
         with self._lock:
-            self._holders -= 1
-            if self._holders or self._restore is None:
+            if not self._holders:                # (a forked child's holder that was its parent's)
                 return
+            self._holders -= 1
+            if not self._holders:
+                self._give_back()
+
+    def _give_back(self):
+        if self._restore is not None:
             before, ours = self._restore
             self._restore = None
             if sys.getswitchinterval() == ours:  # not changed by the program meanwhile
                 sys.setswitchinterval(before)
+
+    def after_fork_in_child(self):
+        """A forked child (a DataLoader worker) has none of the threads that held the interval, and
+        would keep it short for good: it gets the program's back. The lock may have been held by
+        one of those threads at the fork: a new one."""
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._give_back()
 
     def __enter__(self):
         self.hold()
@@ -57,3 +71,4 @@ class ShortSwitch:
 
 
 short_switch = ShortSwitch()
+os.register_at_fork(after_in_child=short_switch.after_fork_in_child)
