@@ -24,6 +24,31 @@ def torch_fake(monkeypatch, tmp_path):
     return torch, gpu, xt
 
 
+@pytest.fixture
+def program_interval():
+    """The program's GIL switch interval, pinned to the interpreter's default for the test; at its end
+    nothing may hold gil.short_switch any more (a hold leaked by an earlier test would otherwise make
+    the short interval look like the program's own)."""
+    from xsched_lv3.gil import short_switch
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    yield 0.005
+    deadline = time.monotonic() + 2
+    while short_switch._holders and time.monotonic() < deadline:
+        time.sleep(0.005)
+    held = short_switch._holders
+    sys.setswitchinterval(previous)
+    assert held == 0, f"gil.short_switch still held {held} time(s) after the test"
+
+
+def _interval_becomes(value, timeout=2.0):
+    """Whether the switch interval is `value` within `timeout` (the watcher lets go just after its mark)."""
+    deadline = time.monotonic() + timeout
+    while sys.getswitchinterval() != pytest.approx(value) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return sys.getswitchinterval() == pytest.approx(value)
+
+
 def model(torch, name, layers, kernel_s):
     return torch.nn.Module(*[torch.nn.Module(kernel_s=kernel_s, name=f"{name}{i}") for i in range(layers)])
 
@@ -696,25 +721,27 @@ def test_torch_hwqueue_with_xqueue(torch_fake):
     xq.close()
 
 
-def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake):
+def test_two_scheduled_threads_shorten_the_gil_switch_interval(torch_fake, program_interval):
     from xsched_lv3.gil import SHORT_SWITCH_S
     torch, gpu, xt = torch_fake
-    before = sys.getswitchinterval()
-    inside, leave = threading.Barrier(2), threading.Event()
+    inside, leave = threading.Barrier(2, timeout=10), threading.Event()
 
     def other_thread():
         with xt.client(priority=10):
             inside.wait()
-            leave.wait()
-    with xt.client(priority=0):
-        assert sys.getswitchinterval() == before
-        t = threading.Thread(target=other_thread)
-        t.start()
-        inside.wait()
-        assert sys.getswitchinterval() == min(before, SHORT_SWITCH_S)
+            leave.wait(10)
+    t = threading.Thread(target=other_thread, daemon=True)   # (left waiting by a failed assertion: daemon)
+    try:
+        with xt.client(priority=0):
+            assert sys.getswitchinterval() == program_interval
+            t.start()
+            inside.wait()
+            assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S)
+            leave.set()
+            t.join()
+            assert sys.getswitchinterval() == program_interval
+    finally:
         leave.set()
-        t.join()
-        assert sys.getswitchinterval() == before
 
 
 def _dead_pid():
@@ -1144,14 +1171,13 @@ def test_the_installed_module_call_names_its_module_self(torch_fake):
     assert next(iter(inspect.signature(torch.nn.Module.__call__).parameters)) == "self"
 
 
-def test_a_services_watcher_waits_with_a_short_switch_interval(torch_fake):
+def test_a_services_watcher_waits_with_a_short_switch_interval(torch_fake, program_interval):
     """The watcher gets the GIL back within the short interval once its request's GPU work is done,
     even where the service's own thread runs Python then (a reply to serialise): with the default
     5 ms its lower clients stayed held up to that long after the work was done. Outside its waits
     the program's interval is left as it was."""
     from xsched_lv3.gil import SHORT_SWITCH_S
     torch, gpu, xt = torch_fake
-    before = sys.getswitchinterval()
     seen = []
     lp = other_client(xt, priority=0)                 # someone below: the service tracks its requests
     with xt.client(priority=10) as gate:
@@ -1164,35 +1190,79 @@ def test_a_services_watcher_waits_with_a_short_switch_interval(torch_fake):
             deadline = time.monotonic() + 2
             while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
                 time.sleep(0.001)                     # marked idle by the watcher
-            assert sys.getswitchinterval() == before
+            assert _interval_becomes(program_interval)
         assert gate.tracking
-    assert seen and all(s == pytest.approx(min(before, SHORT_SWITCH_S)) for s in seen)
+    assert seen and all(s == pytest.approx(SHORT_SWITCH_S) for s in seen)
     lp.close()
 
 
-def test_a_gap_kept_open_ends_with_the_switch_interval_short_and_gives_it_back(torch_fake, monkeypatch):
-    """A busy period kept open across a gap (no gap history yet: the service may come straight back)
-    ends when the watcher's wait for the next request times out; that wake-up needs the GIL too, so
-    the interval is short until then, and the program's own afterwards."""
-    from xsched_lv3.gil import SHORT_SWITCH_S
-    import xsched_lv3.gate as gate_module
-    torch, gpu, xt = torch_fake
-    before = sys.getswitchinterval()
+def _gap_kept_open(torch, gpu, gate_module, xt, monkeypatch):
+    """A service whose first request's busy period is kept open across the gap after it (no gap
+    history yet: it may come straight back); returns (service, lower client) once the work is done."""
     lp = other_client(xt, priority=0)
     service = gate_module.Gate(xt.TorchRecorder(), priority=10, window_us=None, latency_slack=0)
-    monkeypatch.setattr(gate_module, "RELEASE_COST_S", 0.2)       # a gap kept open long enough to look at
+    monkeypatch.setattr(gate_module, "RELEASE_COST_S", 0.3)       # a gap kept open long enough to look at
     service.begin_request()
     gpu.launch("k", 0.002)
     service.end_request()
     torch.cuda.Stream().synchronize()
-    time.sleep(0.05)                                  # the work is done; the gap is kept open
-    assert service.board.read_slot(service.slot)[2]   # still marked active
-    assert sys.getswitchinterval() == pytest.approx(min(before, SHORT_SWITCH_S))
+    time.sleep(0.05)
+    assert service.board.read_slot(service.slot)[2]   # the work is done; still marked active: kept open
+    return service, lp
+
+
+def test_a_gap_kept_open_ends_with_the_switch_interval_short_and_gives_it_back(torch_fake, monkeypatch,
+                                                                               program_interval):
+    """A busy period kept open across a gap ends when the watcher's wait for the next request times
+    out; that wake-up needs the GIL too, so the interval is short until then, and the program's
+    own afterwards."""
+    from xsched_lv3.gil import SHORT_SWITCH_S
+    import xsched_lv3.gate as gate_module
+    torch, gpu, xt = torch_fake
+    service, lp = _gap_kept_open(torch, gpu, gate_module, xt, monkeypatch)
+    assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S)
     deadline = time.monotonic() + 2
     while service.board.read_slot(service.slot)[2] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not service.board.read_slot(service.slot)[2]
-    time.sleep(0.01)
-    assert sys.getswitchinterval() == before
+    assert _interval_becomes(program_interval)
     service.close()
+    lp.close()
+
+
+def test_a_service_closed_while_a_gap_is_kept_open_gives_the_interval_back(torch_fake, monkeypatch,
+                                                                           program_interval):
+    import xsched_lv3.gate as gate_module
+    torch, gpu, xt = torch_fake
+    service, lp = _gap_kept_open(torch, gpu, gate_module, xt, monkeypatch)
+    service.close()                                   # before the gap ends
+    assert sys.getswitchinterval() == program_interval
+    lp.close()
+
+
+def test_a_gpu_error_in_the_watchers_wait_does_not_hold_lower_clients(torch_fake, program_interval):
+    """A request whose completion cannot be waited for (a GPU error the service itself will see in
+    its own synchronize) ends the busy period as if done: the watcher lived on and lower clients
+    are not held until the service exits."""
+    torch, gpu, xt = torch_fake
+    lp = other_client(xt, priority=0)
+    with xt.client(priority=10, latency_slack=0) as gate:
+        wait = gate.recorder.wait
+        failing = [True]
+
+        def wait_or_fail(handle):
+            if failing[0]:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            wait(handle)
+        gate.recorder.wait = wait_or_fail
+        m = model(torch, "k", 3, 0.002)
+        for fail in (True, False):
+            failing[0] = fail
+            m(None)
+            torch.cuda.Stream().synchronize()
+            deadline = time.monotonic() + 2
+            while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert not gate.board.read_slot(gate.slot)[2]
+        assert gate._watcher.is_alive()
     lp.close()

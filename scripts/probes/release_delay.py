@@ -76,10 +76,10 @@ def main():
         time.sleep(0.03)                             # idle until the next request: marked by now
         if [active for active, _ in marks[first:]] == [True, False]:    # held the lower client, and let go
             delays.append(marks[-1][1] - done_at)
-    if len(delays) < args.requests // 2:
-        sys.exit(f"only {len(delays)} of {args.requests} requests held the lower client: try --strict")
     service.close()
     below.close()
+    if len(delays) < args.requests // 2:
+        sys.exit(f"only {len(delays)} of {args.requests} requests held the lower client: try --strict")
     ordered = sorted(d * 1e3 for d in delays)
     summary = {q: round(percentile(ordered, p), 3) for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
     summary["max"] = round(ordered[-1], 3)

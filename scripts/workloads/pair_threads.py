@@ -35,7 +35,7 @@ def main():
     p.add_argument("--no-lp", action="store_true")
     p.add_argument("--switch-interval-ms", type=float,
                    help="diagnostics: the interpreter's GIL switch interval for the whole run (with --scheduled, "
-                        "also the one xt.client sets for two clients)")
+                        "also the short one the scheduler sets for two clients and while a watcher waits: gil.short_switch)")
     p.add_argument("--hp-hold-ms", type=float,
                    help="diagnostics, with --scheduled: the service thread launches nothing; each of its requests "
                         "holds the batch thread back for this long (a sleep between begin and end of a request)")
