@@ -1003,9 +1003,7 @@ def test_a_services_request_ends_reuse_their_completion_events(torch_fake, monke
         for _ in range(20):
             m(None)
             torch.cuda.Stream().synchronize()
-            deadline = time.monotonic() + 2
-            while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
-                time.sleep(0.001)                # its watcher has marked it idle: done with the event
+            _idle(gate)                          # its watcher has marked it idle: done with the event
         assert gate.tracking and gate.stats()["busy_periods"] == 20
     assert len(made) <= 2
     lp.close()
@@ -1187,9 +1185,7 @@ def test_a_services_watcher_waits_with_a_short_switch_interval(torch_fake, progr
         for _ in range(3):
             m(None)
             torch.cuda.Stream().synchronize()
-            deadline = time.monotonic() + 2
-            while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
-                time.sleep(0.001)                     # marked idle by the watcher
+            _idle(gate)                               # marked idle by the watcher
             assert _interval_becomes(program_interval)
         assert gate.tracking
     assert seen and all(s == pytest.approx(SHORT_SWITCH_S) for s in seen)
@@ -1221,10 +1217,7 @@ def test_a_gap_kept_open_ends_with_the_switch_interval_short_and_gives_it_back(t
     torch, gpu, xt = torch_fake
     service, lp = _gap_kept_open(torch, gpu, gate_module, xt, monkeypatch)
     assert sys.getswitchinterval() == pytest.approx(SHORT_SWITCH_S)
-    deadline = time.monotonic() + 2
-    while service.board.read_slot(service.slot)[2] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not service.board.read_slot(service.slot)[2]
+    _idle(service)
     assert _interval_becomes(program_interval)
     service.close()
     lp.close()
@@ -1260,9 +1253,6 @@ def test_a_gpu_error_in_the_watchers_wait_does_not_hold_lower_clients(torch_fake
             failing[0] = fail
             m(None)
             torch.cuda.Stream().synchronize()
-            deadline = time.monotonic() + 2
-            while gate.board.read_slot(gate.slot)[2] and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert not gate.board.read_slot(gate.slot)[2]
+            _idle(gate)
         assert gate._watcher.is_alive()
     lp.close()

@@ -369,11 +369,16 @@ class Gate:
         _wake_local_waiters()                      # threads of this process held back by us
 
     def _idle_watcher(self):
-        # (until, request): a busy period kept open across a gap. Meanwhile the switch interval is short
-        # too: where the gap outlasts it, our wake-up from the queue's wait ends the busy period.
-        keep = None
+        keep = None                                # (until, request): a busy period kept open across a gap
+        # The switch interval is short (gil.py) from a request's arrival here until we go back to
+        # waiting with nothing kept open: through its GPU work, and through a kept gap, whose end (our
+        # wake-up from the queue) ends the busy period.
+        held = False
         try:
             while True:
+                if held and keep is None:
+                    short_switch.release()
+                    held = False
                 try:
                     item = self._watch.get(timeout=None if keep is None else max(0.0, keep[0] - time.monotonic()))
                 except queue.Empty:
@@ -384,18 +389,14 @@ class Gate:
                     with self._lock:
                         if keep[1] == self._requests and not self._open and self._busy_since is not None:
                             self._end_busy_period()
-                    kept = None
-                else:
-                    request, handle = item
-                    with short_switch:             # the GIL back soon after the GPU is done (gil.py)
-                        kept = self._request_done(request, handle) or keep
-                if keep is None and kept is not None:
+                    keep = None
+                    continue
+                if not held:
                     short_switch.hold()
-                elif keep is not None and kept is None:
-                    short_switch.release()
-                keep = kept
+                    held = True
+                keep = self._request_done(*item) or keep
         finally:
-            if keep is not None:
+            if held:
                 short_switch.release()
 
     def _request_done(self, request, handle):

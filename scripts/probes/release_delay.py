@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """How soon a service's lower clients are released once its request's GPU work is done, when the
 service's own thread runs Python right after its result (a reply to serialise): the time from the
-GPU's completion to the service's idle mark on the board. Fake torch (tests/fake_torch.py), no GPU;
-its events are polled, so only the CPU side is timed. A diagnostic.
+GPU's completion to the service's idle mark on the board. Fake torch (tests/fake_torch.py), no GPU,
+by default: its events are polled, so only the CPU side is timed. With --cuda, a real GPU: a request
+is one kernel (torch.cuda._sleep), and the delay runs from the service's result coming back (its
+synchronize returning) to the mark. A diagnostic.
 
     python scripts/probes/release_delay.py --work-ms 20 --requests 40 --out FILE
+    python scripts/probes/release_delay.py --cuda --strict --work-ms 20 --requests 200 --short-switch-ms 5 --out FILE
+    python scripts/probes/release_delay.py --table FILES
 """
 import argparse
 import os

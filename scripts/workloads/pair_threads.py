@@ -54,7 +54,7 @@ def main():
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
         if xt:
             from xsched_lv3.gil import short_switch
-            short_switch.seconds = args.switch_interval_ms / 1e3     # what two clients would set
+            short_switch.seconds = args.switch_interval_ms / 1e3     # what the scheduler would set
     results, ready, go = {}, threading.Barrier(3 - args.no_hp - args.no_lp), {}
 
     failed = []
