@@ -425,8 +425,62 @@ def test_a_run_dir_that_is_a_file_is_refused_before_suspending(sim, victim, tmp_
     not_a_dir.write_text("x")
     result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms",
                      env={"KFDTOOL_RUN_DIR": str(not_a_dir)})
-    assert result.returncode == 1 and result.stderr.strip() == f"kfdtool: {not_a_dir} (KFDTOOL_RUN_DIR) is not a directory"
+    assert result.returncode == 1 and result.stderr.strip() == \
+        f"kfdtool: {not_a_dir} (KFDTOOL_RUN_DIR) is not a directory: refusing to keep hold records there"
     assert all(q["active"] for q in states(sim, victim).values())
+
+
+@pytest.mark.parametrize("planted", ["shared directory", "link to a directory"])
+def test_a_run_dir_others_could_have_planted_is_refused_before_suspending(sim, victim, tmp_path, planted):
+    """The default records directory (/tmp/kfdtool-run-<uid>) has a predictable name: another user
+    could create it first, writable by all, or put a link there, and then have our records written
+    into any file of ours through links planted inside. Only a directory of ours that nobody else
+    may write is used."""
+    run = tmp_path / "run"
+    if planted == "shared directory":
+        run.mkdir()
+        run.chmod(0o777)
+        why = "may be written by others (mode 777)"
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        run.symlink_to(tmp_path / "elsewhere")
+        why = "is not a directory"
+    result = run_cli("--sim", MACHINE, "preempt", "--pid", str(victim), "--for", "10ms", env={"KFDTOOL_RUN_DIR": str(run)})
+    assert result.returncode == 1 and result.stderr.strip() == \
+        f"kfdtool: {run} (KFDTOOL_RUN_DIR) {why}: refusing to keep hold records there"
+    assert all(q["active"] for q in states(sim, victim).values())
+
+
+def test_a_hold_record_is_never_written_through_a_link_at_its_temporary_name(tmp_path, monkeypatch):
+    from kfdtool.cwsr.holds import Hold, for_each_hold
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("KFDTOOL_RUN_DIR", str(run))
+    precious = tmp_path / "precious.txt"
+    precious.write_text("somebody's notes\n")
+    target = os.getppid()
+    (run / f"{target}.{os.getpid()}.tmp").symlink_to(precious)
+    with Hold(target, [0, 1], "test") as hold:
+        assert precious.read_text() == "somebody's notes\n"
+        assert [r["queues"] for r in for_each_hold()] == [[0, 1]]
+        hold.update([1])
+        assert [r["queues"] for r in for_each_hold()] == [[1]]
+    assert precious.read_text() == "somebody's notes\n" and list(run.iterdir()) == []
+
+
+@pytest.mark.parametrize("record", ['{"holder_pid": "x", "target_pid": 1}', "[1, 2]", '{"holder_pid": 1, "target_pid": 1, '
+                                    '"queues": 5}', '{"holder_pid": 100000000000000000000, "target_pid": 1, "queues": []}',
+                                    '{"holder_pid": 1, "target_pid": 1, "queues": ["0"]}', "\u0000"])
+def test_a_malformed_hold_record_is_ignored_by_queues(sim, victim, tmp_path, record):
+    """Before, each of these made `kfdtool queues` end in a traceback (TypeError, AttributeError,
+    OverflowError)."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "1.1.json").write_text(record)
+    result = run_cli("--sim", MACHINE, "queues", "--json", "-p", str(victim), env={"KFDTOOL_RUN_DIR": str(run)})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    listing = json.loads(result.stdout)
+    assert {q["suspended_by"] for q in listing["processes"][0]["queues"]} == {None}
 
 
 def test_patched_mechanism_is_not_offered_for_another_process(sim, victim):

@@ -459,3 +459,22 @@ def test_status_at_the_daemons_connection_cap_says_why(tmp_path, daemon):
         for s in held:
             s.close()
     assert_serving(daemon)
+
+
+def test_a_daemon_leaves_a_live_socket_at_its_wake_name_alone(tmp_path):
+    """A daemon whose --socket is another's wake name (PATH.wake) is served by its own lock, not
+    ours: before, the second daemon removed the first one's live socket there and bound its wake
+    socket in its place. Now it refuses in one line and the first keeps serving."""
+    first_socket = wake_path(str(tmp_path / "a.sock"))
+    first = start_daemon(tmp_path, env=dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board1"),
+                                            XSCHED_LV3_SOCKET=first_socket))
+    try:
+        env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board2"), XSCHED_LV3_SOCKET=str(tmp_path / "a.sock"))
+        second = start_daemon(tmp_path, env=env, wait_ready=False)
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 1 and b"is a socket in use" in err, err
+        assert len(err.strip().splitlines()) == 1 and b"Traceback" not in err
+        assert not (tmp_path / "a.sock").exists()          # it took nothing back with it either
+        assert_serving(first_socket)
+    finally:
+        stop_daemon(first)

@@ -383,6 +383,31 @@ def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engin
         other.wait()
 
 
+@pytest.mark.parametrize("planted", ["file", "shared directory"])
+def test_a_records_directory_another_user_could_have_planted_costs_only_the_record(fake_engine, tmp_path, planted):
+    """The hold records' directory has a predictable name: one that is a file, or a directory others
+    may write, is refused for the record (nothing written there), and the LP is still suspended and
+    resumed at Lv3. Before, the refusal (not an OSError) stopped Lv3 for the daemon's whole life."""
+    run = tmp_path / "run"
+    if planted == "file":
+        run.write_text("x")
+    else:
+        run.mkdir()
+        run.chmod(0o777)
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
+    for step in range(2):                              # a second suspend tries the record again
+        board.set_active(hp, True)
+        engine.sync(now=100.0 + step + 0.001)
+        assert engine.clients[lp].suspended_at is not None and board.read_slot(lp).level == 3
+        board.set_active(hp, False)
+        engine.sync(now=100.0 + step + 0.5)            # (the hysteresis puts the resume off a little)
+        engine.sync(now=100.0 + step + 0.9)
+        assert engine.clients[lp].suspended_at is None
+    assert [c for c, _ in FakeMechanism.calls] == ["suspend", "resume"] * 2
+    assert run.is_file() if planted == "file" else list(run.iterdir()) == []
+    engine.close()
+
+
 def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_engine):
     """The hysteresis pays only where the HP comes straight back: once its idle gaps are known to be
     longer than a switch, the LP is resumed as soon as the HP goes idle (it would otherwise lose the

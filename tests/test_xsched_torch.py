@@ -1233,21 +1233,22 @@ def test_a_service_closed_while_a_gap_is_kept_open_gives_the_interval_back(torch
     lp.close()
 
 
-def test_a_gpu_error_in_the_watchers_wait_does_not_hold_lower_clients(torch_fake, program_interval):
-    """A request whose completion cannot be waited for (a GPU error the service itself will see in
-    its own synchronize) ends the busy period as if done: the watcher lived on and lower clients
-    are not held until the service exits."""
+@pytest.mark.parametrize("failing_call", ["wait", "done"])
+def test_a_gpu_error_in_the_watchers_wait_does_not_hold_lower_clients(torch_fake, program_interval, failing_call):
+    """A request whose completion cannot be waited for or queried (a GPU error the service itself
+    will see in its own synchronize) ends the busy period as if done: the watcher lived on and lower
+    clients are not held until the service exits."""
     torch, gpu, xt = torch_fake
     lp = other_client(xt, priority=0)
     with xt.client(priority=10, latency_slack=0) as gate:
-        wait = gate.recorder.wait
+        call = getattr(gate.recorder, failing_call)
         failing = [True]
 
-        def wait_or_fail(handle):
+        def call_or_fail(handle):
             if failing[0]:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            wait(handle)
-        gate.recorder.wait = wait_or_fail
+            return call(handle)
+        setattr(gate.recorder, failing_call, call_or_fail)
         m = model(torch, "k", 3, 0.002)
         for fail in (True, False):
             failing[0] = fail

@@ -167,6 +167,7 @@ class Daemon(ConnectionLoop):
         self.engine = Lv3Engine(self.board, self.host, make_policy(policy), log=self.log, trace=trace,
                                 attached_poll_s=attached_poll_s)
         self.wake = None                   # datagram socket clients poke when their activity changes
+        self.wake_bound = None             # (st_dev, st_ino) of it
         self.wake_at = None                # the engine wants to run again then (a pending resume)
         self.sel = selectors.DefaultSelector()
         self.exits = ExitWatch(self.sel)
@@ -264,6 +265,7 @@ class Daemon(ConnectionLoop):
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
         self.wake = _bind_wake(wake_path(path))
+        self.wake_bound = _identity(os.lstat(wake_path(path)))
         self.sel.register(self.wake, selectors.EVENT_READ, ("poke", None))
 
     def _shut_down(self):
@@ -277,7 +279,11 @@ class Daemon(ConnectionLoop):
         self.board.clear_daemon(os.getpid())
         if self.wake is not None:
             self.wake.close()
-            _unlink_socket(wake_path(self.socket_path))
+            try:
+                if _identity(os.lstat(wake_path(self.socket_path))) == self.wake_bound:
+                    os.unlink(wake_path(self.socket_path))     # ours: anything else at that name stays
+            except OSError:
+                pass
         for conn in list(self.connections):
             self._close(conn, None)
         if self.listener:
@@ -496,8 +502,9 @@ def _private_directory(path):
 
 
 def _bind_wake(path):
-    """Bind the wake socket 0600. Something of ours at that name is a wake socket a daemon left
-    when it died (we hold the instance lock, so no live daemon uses it); anything else stays."""
+    """Bind the wake socket 0600. A socket of ours at that name that nobody is bound to is one a
+    daemon left when it died; anything else stays, a live socket of ours included (another daemon's
+    whose --socket is this very name: our instance lock covers our socket's name, not this one)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -505,6 +512,8 @@ def _bind_wake(path):
     else:
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
             raise DaemonRefused(f"{path} exists and is not a wake socket of ours: not removing it")
+        if _in_use(path):
+            raise DaemonRefused(f"{path} is a socket in use (another daemon's --socket?): not removing it")
         os.unlink(path)
     return _bind_private(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC),
                          path)
@@ -524,12 +533,20 @@ def _bind_private(sock, path):
     return sock
 
 
-def _unlink_socket(path):
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
-    except OSError:
-        pass
+def _in_use(path):
+    """Whether a live socket is bound at `path`: a stream one accepts a connection (which its server
+    then sees close at once), a datagram one takes a connect; a socket file nobody is bound to refuses
+    both (ECONNREFUSED)."""
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+                return True
+            except OSError as e:
+                if e.errno != errno.EPROTOTYPE:     # the other kind of socket: try that one
+                    return e.errno != errno.ECONNREFUSED
+    return True
 
 
 def _drain_datagrams(sock, most=64):

@@ -514,8 +514,9 @@ class Lv3Engine:
                 c.hold = Hold(c.pid, c.queues, "xsched-lv3 daemon").__enter__()
             elif c.hold is not None:
                 c.hold.update(c.queues)
-        except OSError:
+        except (OSError, Error) as e:       # (Error: a records directory we may not trust)
             c.hold = None                   # `kfdtool queues` will not name us; the queues are fine
+            self.log(f"pid {c.pid}: its hold is not recorded for `kfdtool queues` ({e})")
 
     def _resume_call(self, c):
         return timed_call(c.mech.resume)
