@@ -408,6 +408,46 @@ def test_a_records_directory_another_user_could_have_planted_costs_only_the_reco
     engine.close()
 
 
+def test_an_hp_suspends_only_the_lower_clients_on_its_own_gpu(fake_engine):
+    """Highest priority per device: a busy HP on one GPU leaves a lower client on another GPU alone
+    (not even attached: nobody above it shares its GPU), and suspends the one on its own GPU."""
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    other_gpu_proc = subprocess.Popen(["sleep", "30"])
+    try:
+        hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+        lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+        elsewhere = board.allocate(other_gpu_proc.pid, 0, 0, DEVICE + 1)
+        engine = make_engine()
+        engine.sync(now=100.0)
+        board.set_active(hp, True)
+        engine.sync(now=100.001)
+        assert FakeMechanism.calls == [("suspend", lp_proc.pid)]
+        assert board.read_slot(elsewhere).level == 1 and engine.clients[elsewhere].mech is None
+        assert engine.clients[elsewhere].why == "never preempted: nobody above it on its GPU"
+        engine.close()
+    finally:
+        other_gpu_proc.kill()
+        other_gpu_proc.wait()
+
+
+def test_a_daemon_not_run_by_root_never_attaches_another_users_process(fake_engine, monkeypatch):
+    """The daemon preempts only its own user's processes unless it runs as root (it would need ptrace
+    rights anyway): one of another uid on the board stays at Lv1 and says why."""
+    import xsched_lv3.lv3 as lv3
+    board, make_engine, hp_proc, lp_proc = fake_engine
+    monkeypatch.setattr(lv3.os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(lv3, "_owner", lambda pid: 4243 if pid == lp_proc.pid else 4242)
+    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    lp = board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    engine.sync(now=100.0)
+    board.set_active(hp, True)
+    engine.sync(now=100.001)
+    assert FakeMechanism.calls == [] and board.read_slot(lp).level == 1
+    assert engine.clients[lp].why == f"Lv1: pid {lp_proc.pid} is not ours"
+    engine.close()
+
+
 def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_engine):
     """The hysteresis pays only where the HP comes straight back: once its idle gaps are known to be
     longer than a switch, the LP is resumed as soon as the HP goes idle (it would otherwise lose the
@@ -924,3 +964,54 @@ def test_status_names_the_daemon_that_answers_at_the_socket_given(setup, tmp_pat
     as_json = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--json", "--socket", s.sock],
                              capture_output=True, text=True, timeout=30, env=env)
     assert json.loads(as_json.stdout)["daemon"] == s.daemon.pid
+
+
+def test_programs_started_by_run_register_with_the_daemon_and_the_lower_one_reaches_lv3(sim_dir, tmp_path):
+    """The path a user takes (README, *Lv3 through the daemon*): two ordinary programs on the
+    simulated runtime started by `xsched-lv3 run` next to a daemon. The lower one is attached and
+    suspended while the service's requests run and is never left suspended; the service is never
+    attached; a client killed with SIGKILL loses its slot at once (the daemon watches its pidfd)."""
+    start("mi308x")
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "d.sock"),
+               KFDTOOL_RUN_DIR=str(tmp_path / "run"))
+    daemon = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", "mi308x"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = [sys.executable, str(REPO / "scripts/workloads/sim_job.py"), "--sim", "mi308x", "--seconds", "4"]
+    programs = []
+    try:
+        ready, _, _ = select.select([daemon.stdout], [], [], 20)
+        assert ready and "Lv3 through simulated mi308x" in daemon.stdout.readline()
+        for priority, role in ((10, ["serve", "--rate", "50"]), (0, ["batch"])):
+            programs.append(subprocess.Popen([sys.executable, "-m", "xsched_lv3", "run", "--priority", str(priority),
+                                              "--", *job, *role], env=env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        hp, lp = programs
+
+        def status():
+            out = subprocess.run([sys.executable, "-m", "xsched_lv3", "status", "--json"], env=env,
+                                 capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            return {c["pid"]: c for c in json.loads(out.stdout)["clients"]}
+        # `run` execs the program: the pid on the board is the one started here
+        wait_for(lambda: status().get(lp.pid, {}).get("suspends", 0) >= 3, "the batch program suspended by the daemon",
+                 timeout=20, why=status)
+        clients = status()
+        assert clients[lp.pid]["level"] == 3 and "DBG_TRAP" in clients[lp.pid]["why"]
+        assert clients[hp.pid]["level"] == 1 and clients[hp.pid]["suspends"] == 0
+        out, err = lp.communicate(timeout=30)
+        assert lp.returncode == 0 and "Traceback" not in err, err
+        assert suspended_by(lp.pid) == {}              # nothing left suspended, no hold left recorded
+        # the daemon watches every client's pidfd: the service killed, its slot goes at once
+        hp.kill()
+        hp.wait()
+        board = Board(str(tmp_path / "board"))          # read as it is (`status` would reap dead clients itself)
+        try:
+            wait_for(lambda: hp.pid not in {s.pid for _, s in board.slots()},
+                     "the killed service's slot released by the daemon", timeout=1.0)
+        finally:
+            board.close()
+    finally:
+        for proc in programs + [daemon]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
