@@ -223,8 +223,11 @@ class FakeMechanism:
     runtime_events = set()                # pids whose runtime turned off or on, not yet answered
     runtime_state = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
 
+    live_queues = [0, 1]                  # the target's queues now (a test may add one)
+
     def __init__(self, kfd, pid, read_wave_state=True):
         self.pid = pid
+        self.snapshot = []                # the queue list as of the last queues() (GET_QUEUE_SNAPSHOT)
 
     def answer_runtime_event(self):
         if self.pid in FakeMechanism.runtime_events:
@@ -234,19 +237,21 @@ class FakeMechanism:
         return False
 
     def known_queues(self):
-        return [0, 1]
+        return list(self.snapshot)
 
     def suspend(self, qids=None, grace_period=None):
         from kfdtool.cwsr.mechanisms import MechanismResult, QueueOutcome
         FakeMechanism.calls.append(("suspend", self.pid))
+        FakeMechanism.grace_periods.append(grace_period)
         time.sleep(0.002)
-        return MechanismResult([QueueOutcome(q, "suspended") for q in (qids or [0, 1])])
+        return MechanismResult([QueueOutcome(q, "suspended") for q in (qids or self.queues())])
 
     def resume(self, qids=None):
         FakeMechanism.calls.append(("resume", self.pid))
 
     def queues(self, clear_new=True):
-        return []
+        self.snapshot = list(FakeMechanism.live_queues)
+        return self.snapshot
 
     def close(self):
         FakeMechanism.calls.append(("close", self.pid))
@@ -261,6 +266,8 @@ def fake_engine(tmp_path, monkeypatch):
     monkeypatch.setattr(lv3, "DebugTrapSuspend", FakeMechanism)
     monkeypatch.setenv("KFDTOOL_RUN_DIR", str(tmp_path / "run"))
     FakeMechanism.calls = []
+    FakeMechanism.grace_periods = []
+    FakeMechanism.live_queues = [0, 1]
     FakeMechanism.runtime_events = set()
 
     class Host:
@@ -445,6 +452,23 @@ def test_a_daemon_not_run_by_root_never_attaches_another_users_process(fake_engi
     engine.sync(now=100.001)
     assert FakeMechanism.calls == [] and board.read_slot(lp).level == 1
     assert engine.clients[lp].why == f"Lv1: pid {lp_proc.pid} is not ours"
+    engine.close()
+
+
+def test_a_queue_created_after_a_suspend_is_suspended_from_the_next_one_on(fake_engine):
+    """The queue list is taken again after each resume (off the hot path): a queue the LP created
+    since is in its next suspend, which passes the host's grace period."""
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
+    for step, expected in enumerate(([0, 1], [0, 1, 2])):
+        board.set_active(hp, True)
+        engine.sync(now=100.0 + step + 0.001)
+        assert engine.clients[lp].queues == tuple(expected)
+        FakeMechanism.live_queues = [0, 1, 2]          # created while suspended
+        board.set_active(hp, False)
+        engine.sync(now=100.0 + step + 0.5)
+        engine.sync(now=100.0 + step + 0.9)
+        assert engine.clients[lp].suspended_at is None
+    assert FakeMechanism.grace_periods == [1, 1]
     engine.close()
 
 
@@ -1015,3 +1039,19 @@ def test_programs_started_by_run_register_with_the_daemon_and_the_lower_one_reac
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def test_the_grace_period_is_the_shortest_unless_saving_every_wave_outlasts_a_wave(sim):
+    """Saving a whole MI308X partition's waves takes microseconds at HBM bandwidth, far below a wave's
+    life: the shortest grace period the hardware honours. The same CWSR area behind a memory a million
+    times slower would take longer to save than waves take to finish: then they get the longest."""
+    from types import SimpleNamespace
+    from kfdtool.topology import read_topology
+    from xsched_lv3.lv3 import MIN_GRACE, grace_period_for
+    node = next(read_topology(sim.sysfs_root).for_each_gpu())
+    grace, why = grace_period_for(node)
+    assert grace == MIN_GRACE and why.startswith("shortest grace period: saving every wave takes ~"), why
+    slow = SimpleNamespace(props=node.props, mem_banks=[SimpleNamespace(props={"width": 8, "mem_clk_max": 1})])
+    grace, why = grace_period_for(slow)
+    assert grace == 255 and why.endswith("waves get a grace period to finish"), why
+    assert grace_period_for(None)[0] == MIN_GRACE
