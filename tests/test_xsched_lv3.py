@@ -215,6 +215,23 @@ def test_status_cli_shows_level_state_and_why(setup):
     table = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], capture_output=True, text=True, timeout=30)
     line = next(ln for ln in table.stdout.splitlines() if ln.split()[:1] == [str(s.lp.pid)])
     assert "Lv3" in line and "suspended" in line and "DBG_TRAP" in line
+    # SUSPENDS and SUSP_S count what the daemon did: one more suspend of 0.2 s, the total in between
+    held_for = 0.2
+    time.sleep(held_for)
+    s.set_active(hp, False)
+    wait_for(s.lp_running, "resume")
+    wait_for(lambda: not s.status(s.lp)["suspended"], "the resume on the board")
+    before = s.status(s.lp)
+    begun = time.monotonic()
+    s.set_active(hp, True)
+    wait_for(s.lp_suspended, "suspend")
+    time.sleep(held_for)
+    s.set_active(hp, False)
+    wait_for(lambda: s.status(s.lp)["suspends"] == before["suspends"] + 1 and not s.status(s.lp)["suspended"],
+             "the second suspend and its resume on the board")
+    after, took = s.status(s.lp), time.monotonic() - begun
+    assert held_for <= after["suspended_s"] - before["suspended_s"] <= took, (before, after, took)
+    assert after["held_s"] == 0.0                      # at Lv3 its gate never held it
 
 
 class FakeMechanism:
