@@ -1072,3 +1072,54 @@ def test_the_grace_period_is_the_shortest_unless_saving_every_wave_outlasts_a_wa
     grace, why = grace_period_for(slow)
     assert grace == 255 and why.endswith("waves get a grace period to finish"), why
     assert grace_period_for(None)[0] == MIN_GRACE
+
+
+@pytest.mark.parametrize("abi, params, why", [
+    ("1.11", {}, "Lv1: KFD ABI 1.11 has no debugger API (needs 1.13)"),
+    ("1.23", {"sched_policy": 2}, "Lv1: amdgpu sched_policy=2 (no HWS): the kernel refuses debugger ops"),
+])
+def test_a_host_whose_kfd_cannot_suspend_another_process_keeps_every_client_at_lv1(sim_dir, abi, params, why):
+    """Per client, the level and the reason (status's WHY): decided from the KFD's ABI and amdgpu's
+    parameters before anything is attempted; the same machine with a recent ABI and HWS gives Lv3."""
+    from kfdtool.device import KfdDevice
+    from kfdtool.sim import runner
+    from xsched_lv3.lv3 import LV1, LV3, Host
+    for config, expected in (((abi, params), (LV1, why)), (("1.23", {}), LV3)):
+        runner.stop("mi308x")
+        sim = start("mi308x", abi=config[0], **config[1])
+        host = Host(lambda: KfdDevice(sim.open_kfd()), sysfs_root=sim.sysfs_root)
+        try:
+            level = host.level_for(os.getppid())
+            assert level == expected if expected != LV3 else level[0] == LV3, level
+        finally:
+            host.close()
+
+
+def test_a_gpu_older_than_gfx9_has_no_debugger_support():
+    from kfdtool.cwsr.debugtrap import availability
+    verdict = availability(23, 0, [80003, 90400])
+    assert not verdict.available and verdict.why == "a GPU older than gfx9 has no debugger support (ENODEV)"
+
+
+@pytest.mark.parametrize("refusal, why", [
+    ("ptrace", "Lv1: ptrace refused (denied)"),
+    ("debugger", "Lv1: another debugger (rocgdb?) is attached to pid {pid}"),
+])
+def test_a_client_the_daemon_cannot_take_the_debugger_role_on_stays_at_lv1_and_says_why(fake_engine, monkeypatch,
+                                                                                          refusal, why):
+    import errno
+    import xsched_lv3.lv3 as lv3
+    from kfdtool.errors import AlreadyDebugged, AttachDenied
+
+    class Refused(FakeMechanism):
+        def __init__(self, kfd, pid, read_wave_state=True):
+            if refusal == "ptrace":
+                raise AttachDenied("denied")
+            raise AlreadyDebugged("DBG_TRAP", errno.EALREADY, op="ENABLE")
+    monkeypatch.setattr(lv3, "DebugTrapSuspend", Refused)
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
+    board.set_active(hp, True)
+    engine.sync(now=100.001)
+    assert board.read_slot(lp).level == 1 and engine.clients[lp].why == why.format(pid=lp_proc.pid)
+    assert FakeMechanism.calls == []
+    engine.close()
