@@ -468,13 +468,17 @@ def test_a_daemon_leaves_a_live_socket_at_its_wake_name_alone(tmp_path):
     first_socket = wake_path(str(tmp_path / "a.sock"))
     first = start_daemon(tmp_path, env=dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board1"),
                                             XSCHED_LV3_SOCKET=first_socket))
+    second = None
     try:
         env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board2"), XSCHED_LV3_SOCKET=str(tmp_path / "a.sock"))
         second = start_daemon(tmp_path, env=env, wait_ready=False)
-        _, err = second.communicate(timeout=30)
+        _, err = second.communicate(timeout=10)
         assert second.returncode == 1 and b"is a socket in use" in err, err
         assert len(err.strip().splitlines()) == 1 and b"Traceback" not in err
         assert not (tmp_path / "a.sock").exists()          # it took nothing back with it either
         assert_serving(first_socket)
     finally:
+        if second is not None and second.poll() is None:    # it did start (the defect): not left running
+            second.kill()
+            second.wait()
         stop_daemon(first)
