@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,9 +103,13 @@ def xsched(*args, env=None, cwd=None):
     (["hint", "--pid", "1"], 2, "give at least one hint"),
     (["run", "--priority", "1"], 2, "nothing to run"),
     (["hint", "--pid", "1", "--utilization", "300", "--socket", "/x"], 2, "between 0 and 100"),
-    (["run", "--window-us", "-5", "--", "true"], 2, "argument --window-us: must be >= 0"),
-    (["run", "--window-us", "nan", "--", "true"], 2, "argument --window-us: must be >= 0"),
-    (["run", "--window-us", "inf", "--", "true"], 2, "argument --window-us: must be >= 0 and finite"),
+    (["run", "--window-us", "-5", "--", "true"], 2, "argument --window-us: the window must be between 0 (unbounded) and"),
+    (["run", "--window-us", "nan", "--", "true"], 2, "argument --window-us: the window must be between 0 (unbounded) and"),
+    (["run", "--window-us", "inf", "--", "true"], 2, "argument --window-us: the window must be between 0 (unbounded) and"),
+    # accepted once, then an OverflowError in the program at its first module call under a higher client
+    (["run", "--window-us", "1e308", "--", "true"], 2, "argument --window-us: the window must be between 0 (unbounded) and"),
+    # accepted once, then the exposure guard's thread died of a timeout past threading.TIMEOUT_MAX
+    (["run", "--latency-slack", "1e13", "--", "true"], 2, "latency slack must be between 0 and 100"),
     (["--bogus"], 2, "unrecognized arguments: --bogus"),
     (["status", "--bogus"], 2, "xsched-lv3 status: error: unrecognized arguments: --bogus"),   # the command's usage
     ([], 2, "a COMMAND is required"),
@@ -312,3 +317,70 @@ def test_status_says_which_service_lets_lower_clients_run_beside_it(tmp_path):
     assert sorted(c["exposing"] for c in doc["clients"]) == [False, True]
     for slot in (service, batch):
         board.release(slot, os.getpid())
+
+
+# --- `run` starts the program as a shell would (a sweep with odd programs found each of these) ---------
+
+def test_run_leaves_the_program_the_signal_dispositions_it_has_without_us(tmp_path):
+    """Python ignores SIGPIPE and SIGXFSZ and exec keeps that: a pipeline's writer under `run` looped on
+    EPIPE (`while :; do echo x; done | head -1` never ended) instead of dying of its closed pipe."""
+    script = "grep SigIgn /proc/$$/status"
+    plain = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    under = xsched("run", "--", "sh", "-c", script, env=dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board")))
+    assert under.returncode == 0 and under.stdout == plain.stdout, (under.stdout, plain.stdout)
+    pipeline = xsched("run", "--", "sh", "-c", "while :; do echo x; done | head -1",
+                      env=dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board")))
+    assert pipeline.returncode == 0 and pipeline.stdout == "x\n"
+
+
+def test_run_puts_neither_the_working_directory_nor_a_relative_board_on_the_programs_path(tmp_path):
+    """With no PYTHONPATH, `run` set it to "<_boot>:", whose empty entry is the working directory: a
+    json.py there shadowed the standard library's. A relative XSCHED_LV3_BOARD named another board
+    once the program changed directory."""
+    (tmp_path / "json.py").write_text("print('SHADOW')\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "prog").mkdir()
+    (tmp_path / "prog" / "p.py").write_text(
+        "import json, os, sys; os.chdir('sub'); "
+        "print(os.environ['XSCHED_LV3_BOARD'], '' in os.environ['PYTHONPATH'].split(os.pathsep))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["XSCHED_LV3_BOARD"] = "board.rel"
+    # the installed command, as a user runs it (`python -m` would put the directory on our own path)
+    command = str(Path(sys.executable).with_name("xsched-lv3"))
+    result = subprocess.run([command, "run", "--", sys.executable, "prog/p.py"], capture_output=True, text=True,
+                            env=env, timeout=30, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(tmp_path / "board.rel"), "False"]
+
+
+def test_run_keeps_the_sitecustomize_it_hides(tmp_path):
+    """Our sitecustomize comes first on PYTHONPATH: the one Python would have run (a distribution's,
+    a virtual environment's, the program's own) runs too, and is the module `sitecustomize`."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_OK = True\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), XSCHED_LV3_BOARD=str(tmp_path / "board"))
+    program = "import sitecustomize; print(SITE_OK, sitecustomize.__file__)"
+    result = xsched("run", "--", sys.executable, "-c", program, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(tmp_path / "site" / "sitecustomize.py")]
+
+
+def test_run_runs_a_script_without_an_interpreter_line_with_sh_as_env_does(tmp_path):
+    script = tmp_path / "noshebang"
+    script.write_text('echo "ran with $1"\n')
+    script.chmod(0o755)
+    env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    for name in (str(script), "noshebang"):
+        result = xsched("run", "--", name, "a", env=env)
+        assert result.returncode == 0 and result.stdout == "ran with a\n", (name, result.returncode, result.stderr)
+
+
+def test_run_with_its_stderr_closed_writes_nothing_into_the_programs_stdout(tmp_path):
+    """print(file=sys.stderr) with stderr closed writes to stdout: `run`'s warning went into the
+    output of the program it started."""
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, "-m", "xsched_lv3", "run", "--", "echo", "hello"], stdout=f, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path)), timeout=30,
+                       preexec_fn=lambda: os.close(2))
+    assert out.read_text() == "hello\n"

@@ -1052,6 +1052,51 @@ def test_a_stopped_or_zombie_high_priority_process_holds_nobody_for_long(torch_f
         lp.close()
 
 
+def test_a_dead_clients_pid_taken_by_another_process_holds_nobody_for_long(torch_fake):
+    """An HP killed mid-request whose pid another process got since (pid reuse): its slot, still
+    active, held every lower client until that unrelated process exited. A slot records its
+    process's start time too, so the pid alone no longer keeps it."""
+    import subprocess
+    torch, gpu, xt = torch_fake
+    from xsched_lv3.board import Board
+    from xsched_lv3.gate import REAP_EVERY_S, Gate
+    lp = Gate(xt.TorchRecorder(), priority=0, window_us=None)
+    board = Board()
+    stranger = subprocess.Popen(["sleep", "30"])        # has the pid now; the HP that had it started earlier
+    try:
+        hp = board.allocate(stranger.pid, 10, 0, lp.device)
+        assert board.read_slot(hp).started                    # what a client's slot records of it
+        board.write(hp, started=board.read_slot(hp).started - 1)
+        board.set_active(hp, True)
+        lp._refresh(time.monotonic())
+        assert not lp._may_run
+        start = time.monotonic()
+        lp.check()
+        assert time.monotonic() - start < REAP_EVERY_S + 0.5
+        assert stranger.pid not in {s.pid for _, s in board.slots()}
+    finally:
+        stranger.kill()
+        stranger.wait()
+        lp.close()
+        board.close()
+
+
+def test_a_forked_child_leaving_keeps_its_parents_slot(torch_fake):
+    """A forked child (a DataLoader worker) inherits the gate and the atexit hook that closes it:
+    its exit released the parent's slot, and the parent ran unscheduled from then on."""
+    torch, gpu, xt = torch_fake
+    with xt.client(priority=10) as gate:
+        slot = gate.slot
+        child = os.fork()
+        if child == 0:                                 # the child: leave as a worker does
+            try:
+                gate.close()
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        assert gate.slot == slot and gate.board.read_slot(slot).pid == os.getpid()
+
+
 def _state(pid):
     from kfdtool.pids import process_state
     return process_state(pid) or "?"

@@ -26,7 +26,7 @@ from kfdtool.pids import alive, start_time, state_and_start
 
 from .policy import POLICIES, QueueState
 
-MAGIC = b"XSLV3B05"
+MAGIC = b"XSLV3B06"
 SLOTS = 32
 HEADER = struct.Struct("<8sIIQiIQ")             # magic, slots, policy, generation, daemon: pid, -, start time
 GENERATION_OFFSET = 16
@@ -53,6 +53,8 @@ SLOT_FIELDS = (
     ("suspended_s", "d"),         # D: seconds suspended, in total
     ("attached", "I"),            # D: registered by `xsched-lv3 attach` (no gate inside: never active)
     ("exposing", "I"),            # C: its requests run beside lower clients now (protection.py's verdict)
+    ("started", "Q"),             # D/C: the client process's start time (/proc/PID/stat, 0: not known):
+                                  # with the pid, it names that process after the pid is reused
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
@@ -62,7 +64,7 @@ POLICY_NAMES = tuple(POLICIES)          # the header's policy field: 1 + an inde
 FIELD_STRUCT = {name: struct.Struct("<" + code) for name, code in SLOT_FIELDS}    # compiled once: writes are hot
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
-                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0)
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0, started=0)
 SLOTS_OFFSET = HEADER.size
 _PID = struct.Struct("<i")                      # a slot's first field
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
@@ -151,10 +153,11 @@ class Board:
     def allocate(self, pid, priority=0, tid=0, device=0):
         with _flock(self.fd):
             for i in range(SLOTS):
-                owner = self.read_slot(i).pid
-                if owner == 0 or not alive(owner):
+                owner = self.read_slot(i)
+                if owner.pid == 0 or not _lives(owner):
                     SLOT.pack_into(self.mm, SLOTS_OFFSET + i * SLOT.size,
-                                   *EMPTY_SLOT._replace(pid=pid, priority=priority, tid=tid, device=device))
+                                   *EMPTY_SLOT._replace(pid=pid, priority=priority, tid=tid, device=device,
+                                                        started=start_time(pid) or 0))
                     self._changed()
                     return i
         raise RuntimeError(f"no free slot on {self.path} ({SLOTS} clients already)")
@@ -264,12 +267,23 @@ class Board:
                 "exposing": bool(s.exposing)}
 
     def reap(self):
-        """Release slots of processes that died (their queues are gone with them)."""
+        """Release slots of processes that died (their queues are gone with them), a process that
+        got a dead client's pid since included."""
         dead = []
         for slot, s in self.slots():
-            if not alive(s.pid) and self.release(slot, s.pid):
+            if not _lives(s) and self.release(slot, s.pid):
                 dead.append(s.pid)
         return dead
+
+
+def _lives(s):
+    """Whether the process that took slot `s` lives: its pid alive and, where the slot recorded it,
+    started when that process did. Without that, a service killed mid-request whose pid another
+    process got held every lower client until that one exited."""
+    if not alive(s.pid):
+        return False
+    started = start_time(s.pid) if s.started else None
+    return started is None or started == s.started
 
 
 @contextmanager

@@ -7,6 +7,8 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from kfdtool.cli.argtypes import non_empty, parse_command_line
 from .board import Board
 from .policy import HINTS, POLICIES, check_hint
 from .protection import DEFAULT_LATENCY_SLACK, Protection
-from .window import DEFAULT_WINDOW_US
+from .window import DEFAULT_WINDOW_US, check_window_us
 
 EPILOG = """examples:
   xsched-lv3 run --priority 10 -- python serve.py   # latency-critical, unmodified PyTorch program
@@ -61,12 +63,6 @@ def _hint_arg(name):
         except ValueError as e:            # argparse names the option already: not the hint's name again
             raise ValueError(re.sub(rf"^(hint )?{name} ", "", str(e))) from None
     return _checked(check, HINTS[name])
-
-
-def _window_us(value):
-    if not 0 <= value < float("inf"):
-        raise ValueError("must be >= 0 and finite (0: unbounded)")
-    return value
 
 
 def _latency_slack(value):
@@ -121,7 +117,7 @@ def build_parser():
                    help="higher runs first; a client with nobody above it on its GPU is never held (default 0)")
     r.add_argument("--policy", choices=list(POLICIES), default="hpf",
                    help="hpf: highest priority first (default); a running daemon's policy wins")
-    r.add_argument("--window-us", type=_checked(_window_us), default=None,
+    r.add_argument("--window-us", type=_checked(check_window_us), default=None,
                    help=f"most GPU time this client leaves in flight while a higher-priority one shares its GPU "
                         f"(default {DEFAULT_WINDOW_US:g}; 0: unbounded)")
     r.add_argument("--latency-slack", type=_checked(_latency_slack), default=None, metavar="FRACTION",
@@ -195,6 +191,9 @@ def cmd_run(args):
         raise UsageError("nothing to run: xsched-lv3 run [options] -- program [args]")
     env = dict(os.environ, XSCHED_LV3_PRIORITY=str(args.priority),
                XSCHED_LV3_POLICY=args.policy)
+    for name in ("XSCHED_LV3_BOARD", "XSCHED_LV3_SOCKET"):
+        if env.get(name):                  # the program may change directory before it opens them
+            env[name] = os.path.abspath(env[name])
     if args.window_us is not None:
         env["XSCHED_LV3_WINDOW_US"] = str(args.window_us)
     else:
@@ -216,11 +215,16 @@ def cmd_run(args):
         print(f"xsched-lv3: {_board_problem(e)}; running {argv[0]} unscheduled", file=sys.stderr)
     else:
         boot = str(Path(__file__).parent / "_boot")
-        env["PYTHONPATH"] = boot + os.pathsep + env.get("PYTHONPATH", "")
+        # (no empty entry: one would put the program's working directory on its sys.path)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH")) if p)
         env["XSCHED_LV3_HOME"] = str(Path(__file__).resolve().parent.parent)    # where xsched_lv3 lives
+    # Python ignores SIGPIPE and SIGXFSZ, and exec keeps an ignored signal ignored: the program gets
+    # the dispositions it has without us (a pipeline's writer dies of its closed pipe, not loops on EPIPE)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
     # as env(1), nice(1) and timeout(1) do: 127 for a command not found, 126 for one that cannot run
     try:
-        os.execvpe(argv[0], argv, env)
+        _exec(argv, env)
     except FileNotFoundError:
         print(f"xsched-lv3: {argv[0]}: command not found", file=sys.stderr)
         return 127
@@ -230,6 +234,18 @@ def cmd_run(args):
     except OSError as e:                   # too long a name or argument list, a symlink loop, ...
         print(f"xsched-lv3: {_shortened(argv[0])}: cannot run it: {e.strerror or e}", file=sys.stderr)
         return 126
+
+
+def _exec(argv, env):
+    """execvp(3) as libc does it, which os.execvpe does not quite: a file found on PATH that the
+    kernel cannot run (ENOEXEC: a script without `#!`) is run by /bin/sh, as env(1) and a shell run it."""
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        if e.errno != errno.ENOEXEC:
+            raise
+    path = argv[0] if "/" in argv[0] else shutil.which(argv[0], mode=os.X_OK, path=env.get("PATH", os.defpath))
+    os.execve("/bin/sh", ["/bin/sh", path, *argv[1:]], env)
 
 
 def _shortened(text, most=80):
@@ -338,6 +354,10 @@ def _board_problem(error):
 
 def main(argv=None):
     from kfdtool.errors import Error as KfdError
+    if sys.stderr is None:
+        # started with stderr closed (`2>&-`): Python's print(file=None) would put our messages into
+        # standard output, which may be the output of the program `run` starts: they go nowhere
+        sys.stderr = open(os.devnull, "w")
     parser = build_parser()
     args = parse_command_line(parser, argv)
     if sys.stdout is None and args.run not in (cmd_run, cmd_daemon):

@@ -39,7 +39,7 @@ from .board import Board
 from .gil import short_switch
 from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
-from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow
+from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow, check_window_us
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
 # Held back only by clients of this same process (threads): they wake us when they write the board
@@ -95,7 +95,7 @@ class Gate:
         self.hints = {k: check_hint(k, v) for k, v in hints.items()}
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.protection = Protection(latency_slack)
-        self.window_us = window_us                 # None or 0: never windowed (in-flight work unbounded)
+        self.window_us = window_us and check_window_us(window_us)   # None or 0: never windowed (unbounded)
         self.spin_s = spin_s                       # held: poll without sleeping this long, then back off
         self.board = board or Board()
         self.device = recorder.device_key() or 0   # 0: not known yet
@@ -598,6 +598,10 @@ class Gate:
                 "window_cmd_us": window.cmd_us if window is not None and window.calibrated else self._dropped_cmd_us}
 
     def close(self):
+        if os.getpid() != self._pid:
+            # a forked child leaving (a DataLoader worker; atexit and `with` blocks run in it too): the
+            # slot, the threads and the GPU work are its parent's, which goes on using them
+            return
         with self._lock:
             if self._active:
                 self._mark(False)

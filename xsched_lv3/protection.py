@@ -68,6 +68,9 @@ from collections import deque
 from typing import NamedTuple
 
 DEFAULT_LATENCY_SLACK = 0.10   # how much slower than the protected tail an exposed request may end
+# ... at most: 100x the protected tail is already "never protect"; beyond it a deadline overflows a
+# thread's timeout (threading.TIMEOUT_MAX)
+MAX_LATENCY_SLACK = 100.0
 BASELINE_REQUESTS = 32         # protected requests before the first probe
 PROTECTED_HISTORY = 128        # the latest protected requests the overrun bound comes from
 PROBE_REQUESTS = 8             # exposed requests in one probe
@@ -118,8 +121,8 @@ NO_VERDICT = _Verdict(float("inf"), float("inf"), 0.0)
 
 class Protection:
     def __init__(self, slack=DEFAULT_LATENCY_SLACK):
-        if not 0 <= slack < float("inf"):
-            raise ValueError(f"latency slack must be >= 0 and finite, got {slack!r}")
+        if not 0 <= slack <= MAX_LATENCY_SLACK:
+            raise ValueError(f"latency slack must be between 0 and {MAX_LATENCY_SLACK:g}, got {slack!r}")
         self.slack = slack
         # the latest protected latencies (s): recent, so a warm-up or an old phase soon leaves them
         self.protected = deque(maxlen=PROTECTED_HISTORY)

@@ -25,11 +25,11 @@ def process_gate(recorder):
                     whole_process=True, latency_slack=DEFAULT_LATENCY_SLACK if slack is None else float(slack),
                     **hints)
     except (OSError, ValueError, RuntimeError) as e:    # board unusable or full (`run` checked it before)
-        print(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled", file=sys.stderr)
+        _say(f"xsched-lv3: cannot schedule this process ({e}); running unscheduled")
         return None
     atexit.register(gate.close)              # its slot goes with it, after the report (atexit is LIFO)
     if os.environ.get("XSCHED_LV3_REPORT"):
-        atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], gate)
+        atexit.register(_write_report, os.environ["XSCHED_LV3_REPORT"], gate, os.getpid())
     return gate
 
 
@@ -39,10 +39,18 @@ def report(gate):
     return {**gate.stats(), "package": os.path.dirname(os.path.abspath(__file__))}
 
 
-def _write_report(path, gate):
-    """XSCHED_LV3_REPORT=FILE: the process's `report` as JSON when it exits."""
+def _write_report(path, gate, pid):
+    """XSCHED_LV3_REPORT=FILE: the process's `report` as JSON when it exits (not a forked child's)."""
+    if os.getpid() != pid:
+        return
     try:
         with open(path, "w") as f:
             json.dump(report(gate), f)
     except OSError as e:
-        print(f"xsched-lv3: cannot write report {path}: {e}", file=sys.stderr)
+        _say(f"xsched-lv3: cannot write report {path}: {e}")
+
+
+def _say(line):
+    """One line on the program's stderr; none where it has none (print would write it to stdout)."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr)

@@ -27,6 +27,16 @@ from collections import deque
 # README, "Choosing the window": kept at the HP-side bound; a sweep (results/diagnostics/window_sweep_*)
 # was too small to move it.
 DEFAULT_WINDOW_US = 500.0
+# The widest window (1 s of GPU time in flight, already unbounded in effect; 0 says so): beyond it the
+# sync-point spacing derived from it overflows.
+MAX_WINDOW_US = 1e6
+
+
+def check_window_us(value):
+    """A window bound from a user (the CLI, the environment): 0 (unbounded) up to MAX_WINDOW_US."""
+    if not 0 <= value <= MAX_WINDOW_US:
+        raise ValueError(f"the window must be between 0 (unbounded) and {MAX_WINDOW_US:g} µs, got {value!r}")
+    return value
 # The most commands between two sync points: where a client's GPU keeps up (it is launch-bound, its
 # in-flight work small), sync points are this far apart; a launch-bound phase turning GPU-bound
 # overshoots the window by at most two such segments, once, before the window learns. A sync point

@@ -2,6 +2,7 @@
 
 Each framework we can schedule without code changes, and the integration that hooks it:"""
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -37,7 +38,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             try:
                 integration = importlib.import_module(INTEGRATIONS[name])
             except ImportError as e:
-                print(f"xsched-lv3: this Python cannot import xsched_lv3 ({e}); running unscheduled", file=sys.stderr)
+                if sys.stderr is not None:          # (closed: print would write to stdout)
+                    print(f"xsched-lv3: this Python cannot import xsched_lv3 ({e}); running unscheduled",
+                          file=sys.stderr)
                 return
             _enabled.append(name)
             integration.enable_for_process()
@@ -45,6 +48,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _run_the_one_we_hide():
+    """Our directory comes first on PYTHONPATH, so Python imported this module as `sitecustomize`
+    instead of the one it would have found (a distribution's, a virtual environment's, the
+    program's own): run that one too, as site.py would have, and let it be `sitecustomize`. An
+    error in it is reported by site.py as one of its own would be."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
 _hooked = set()
 _enabled = []
 sys.meta_path.insert(0, _AfterImport())
+_run_the_one_we_hide()
