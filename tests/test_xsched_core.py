@@ -383,3 +383,51 @@ def test_a_pause_from_another_thread_during_a_look_back_does_not_break_it(monkey
     on_next_read.append(w.paused)
     clock[0] += 8 * 30e-6
     w.sync_point(object(), 8, lambda h: False, lambda h: None)
+
+
+def test_a_scheduler_on_the_board_schedules_its_queues_with_every_other_client(tmp_path):
+    """One registry: XQueues of a LocalScheduler given the board are clients there like programs
+    under `xsched-lv3 run` (one slot each, with their priority and activity), and the decisions weigh
+    every client on the board: a higher-priority program elsewhere suspends the low-priority queue
+    while it is active, and a dead or stopped one holds it no longer than a reap."""
+    import os
+    import signal
+    import subprocess
+    from xsched_lv3.board import Board
+    board = Board(tmp_path / "board")
+    sched = LocalScheduler("hpf", board=board)
+    hp_hw, lp_hw = SimHwQueue(Level.INTERRUPT), SimHwQueue(Level.INTERRUPT)
+    hp = sched.add(XQueue(hp_hw, priority=10, window_us=2000, name="hp"), device=7)
+    lp = sched.add(XQueue(lp_hw, priority=0, window_us=2000, name="lp"), device=7)
+    elsewhere = subprocess.Popen(["sleep", "30"])             # a program under `run`, priority 20, same GPU
+    try:
+        mine = {s.tid: s for _, s in board.slots() if s.pid == os.getpid()}
+        assert {s.priority for s in mine.values()} == {10, 0} and hp.worker_tid in mine and lp.worker_tid in mine
+
+        def until(predicate, what):
+            deadline = time.monotonic() + 2
+            while not predicate():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.001)
+        for i in range(50):
+            lp.submit((i, 500))
+        lp_slot = next(k for k, s in board.slots() if s.tid == lp.worker_tid)
+        until(lambda: board.read_slot(lp_slot).active, "the queue's activity on the board")
+        program = board.allocate(elsewhere.pid, 20, 0, 7)
+        board.set_active(program, True)
+        until(lambda: lp.suspended and hp.suspended, "both queues held by the program above them")
+        board.set_active(program, False)
+        until(lambda: not lp.suspended and not hp.suspended, "both resumed once it is idle")
+        board.set_active(program, True)
+        until(lambda: lp.suspended, "held again")
+        os.kill(elsewhere.pid, signal.SIGSTOP)                  # stopped mid-request: holds nobody for long
+        until(lambda: not lp.suspended, "resumed while the program above is stopped")
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+        sched.close()
+        for x in (lp, hp):
+            x.close()
+    assert lp.wait_all(timeout=20) and len(lp_hw.executed) == 50
+    assert [s for _, s in board.slots() if s.pid == os.getpid()] == []      # its slots go with it
+    board.close()

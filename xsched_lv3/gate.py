@@ -84,6 +84,27 @@ def _wake_local_waiters():
             _LOCAL_WRITES.notify_all()
 
 
+def register_client(board, priority, tid, hints, device=0):
+    """A client's slot: from the daemon when one serves this board (it is then the one writer of the
+    slot's identity and hints, and may preempt the process at Lv3), else straight from the board."""
+    slot = None
+    if board.daemon_pid():
+        try:
+            reply = daemon_link.request({"op": "register", "priority": priority, "tid": tid, "hints": hints},
+                                        timeout=REGISTER_TIMEOUT_S)
+        except ConnectionError:
+            reply = {}
+        if isinstance(reply.get("slot"), int):
+            slot = reply["slot"]
+    if slot is None:
+        slot = board.allocate(os.getpid(), priority, tid, device)
+        for key, value in hints.items():
+            board.set_hint(slot, key, value)
+    elif device:
+        board.set_device(slot, device)
+    return slot
+
+
 class Gate:
     def __init__(self, recorder, priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, board=None, spin_s=0.0,
                  whole_process=False, latency_slack=DEFAULT_LATENCY_SLACK, **hints):
@@ -159,26 +180,8 @@ class Gate:
         self._daemon, self._daemon_checked = 0, -1.0
         self.board.reap()                          # clients that died since: they guard nobody
         tid = 0 if whole_process else threading.get_native_id()
-        self.slot = self._register(tid)
-        if self.device:
-            self.board.set_device(self.slot, self.device)
+        self.slot = register_client(self.board, self.priority, tid, self.hints, self.device)
         self._refresh(time.monotonic())
-
-    def _register(self, tid):
-        """A slot: from the daemon when one serves this board (it is then the one writer of the
-        slot's identity and hints, and may preempt us at Lv3), else straight from the board."""
-        if self.board.daemon_pid():
-            try:
-                reply = daemon_link.request({"op": "register", "priority": self.priority, "tid": tid,
-                                             "hints": self.hints}, timeout=REGISTER_TIMEOUT_S)
-            except ConnectionError:
-                reply = {}
-            if isinstance(reply.get("slot"), int):
-                return reply["slot"]
-        slot = self.board.allocate(os.getpid(), self.priority, tid, self.device)
-        for key, value in self.hints.items():
-            self.board.set_hint(slot, key, value)
-        return slot
 
     # --- the board's view ----------------------------------------------------------------------------
 

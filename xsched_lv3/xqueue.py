@@ -68,6 +68,11 @@ class XQueue:
         return cmd
 
     @property
+    def worker_tid(self):
+        """The thread id of its launch worker (the thread a board slot names for this queue)."""
+        return self._worker.native_id
+
+    @property
     def ready(self):
         """Has buffered commands or launched work not yet seen to complete."""
         return bool(self._buf) or self._busy
