@@ -1,5 +1,6 @@
 """The benchmarks' harness (scripts/benchlib.py): a comparison of two trees runs each tree's
 scheduler in its programs, or says it did not."""
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -79,7 +80,9 @@ def test_the_report_of_a_scheduled_process_names_its_package(tmp_path):
     class Gate:
         def stats(self):
             return {"requests": 3}
-    runenv._write_report(tmp_path / "report.json", Gate())
+    runenv._write_report(tmp_path / "child.json", Gate(), os.getpid() + 1)     # a forked child's exit: the parent's
+    assert not (tmp_path / "child.json").exists()
+    runenv._write_report(tmp_path / "report.json", Gate(), os.getpid())
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["requests"] == 3 and Path(report["package"]) == REPO / "xsched_lv3"
 
