@@ -16,7 +16,7 @@ from kfdtool.pids import stopped
 
 from .policy import QueueState, check_hint, make_policy
 
-BOARD_POLL_S = 1e-3            # with a board: how often other clients' changes are looked for
+BOARD_POLL_S = 1e-3            # with a board: how often other clients' changes are looked for (while ours have work)
 REAP_EVERY_S = 0.05            # ... and dead clients released (they must not hold our queues)
 
 
@@ -111,7 +111,9 @@ class LocalScheduler:
         while True:
             with self._cv:
                 timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
-                if self.board is not None:
+                if self.board is not None and any(q.ready or q.suspended for q in self.queues.values()):
+                    # others' changes matter to a queue with work or one held back; an idle one learns
+                    # them when it next has work (its state change wakes us)
                     timeout = BOARD_POLL_S if timeout is None else min(timeout, BOARD_POLL_S)
                 if not self._dirty and not self._stop:
                     self._cv.wait(timeout)
