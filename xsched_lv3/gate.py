@@ -413,11 +413,12 @@ class Gate:
         except Exception:   # noqa: BLE001  a GPU error: the service meets it in its own synchronize, and
             pass            # the work will not complete any better; its lower clients must not stay held
         # No pause here to let the client's own thread (waiting for the same work: its result) take
-        # the GIL first. Tried (a 50 µs sleep): its wait for the result came down at the P90 on an H100
-        # (0.17-0.19 ms against 0.22-0.26), but where that thread then runs Python (a reply to
-        # serialise), the watcher got the GIL back only at the interpreter's 5 ms switch, and lower
-        # clients were released 5.5 ms after the GPU was done at the median instead of 0.3 ms
-        # (docs/measurements.md, *What tracking its requests costs a service*).
+        # the GIL first. Tried (a 50 µs sleep) before the short switch interval held here (gil.py): its
+        # wait for the result came down at the P90 on an H100 (0.17-0.19 ms against 0.22-0.26), but where
+        # that thread then runs Python (a reply to serialise), the watcher got the GIL back only at the
+        # interpreter's 5 ms switch, and lower clients were released 5.5 ms after the GPU was done at the
+        # median instead of 0.3 ms (docs/measurements.md, *What tracking its requests costs a service*).
+        # With the interval at 0.5 ms that price would be ~0.5 ms: not tried again.
         with self._lock:
             if request == self._requests and not self._open and self._busy_since is not None:
                 # none began meanwhile: the GPU has done all our work, and the busy period ends
