@@ -20,14 +20,17 @@ import time
 import zlib
 from collections import namedtuple
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
-from kfdtool.pids import alive, start_time, state_and_start
+from kfdtool.pids import alive, start_time, state_and_start, stopped
 
+from . import daemon_link
 from .policy import POLICIES, QueueState
 
 MAGIC = b"XSLV3B06"
 SLOTS = 32
+REGISTER_TIMEOUT_S = 0.5                        # a daemon that does not answer: take a slot from the board
 HEADER = struct.Struct("<8sIIQiIQ")             # magic, slots, policy, generation, daemon: pid, -, start time
 GENERATION_OFFSET = 16
 DAEMON = struct.Struct("<iIQ")                  # the daemon: pid, padding, start time (a reused pid is not it)
@@ -279,11 +282,47 @@ class Board:
 def _lives(s):
     """Whether the process that took slot `s` lives: its pid alive and, where the slot recorded it,
     started when that process did. Without that, a service killed mid-request whose pid another
-    process got held every lower client until that one exited."""
-    if not alive(s.pid):
-        return False
-    started = start_time(s.pid) if s.started else None
-    return started is None or started == s.started
+    process got held every lower client until that one exited. One read of /proc/PID/stat."""
+    state, started = state_and_start(s.pid)
+    if state is None:                     # /proc does not show it (another pid namespace): kill(0) says
+        return alive(s.pid)
+    return state not in ("Z", "X") and (not s.started or started == s.started)
+
+
+def stopped_activations(states):
+    """(id, ready_since) of the activations in `states` whose process is stopped (SIGSTOP, a
+    debugger): keyed by the activation, so that the same client's next request counts again."""
+    return {(q.id, q.ready_since) for q in states if q.ready and stopped(q.pid)}
+
+
+def excuse(states, excused):
+    """`states` with the activations in `excused` (stopped_activations) not ready: a stopped
+    higher-priority process holds nobody, or it would hold every lower one for as long as it stays
+    stopped."""
+    if not excused:
+        return states
+    return [replace(q, ready=False) if (q.id, q.ready_since) in excused else q for q in states]
+
+
+def register_client(board, priority, tid, hints, device=0):
+    """A client's slot: from the daemon when one serves this board (it is then the one writer of the
+    slot's identity and hints, and may preempt the process at Lv3), else straight from the board."""
+    slot = None
+    if board.daemon_pid():
+        try:
+            reply = daemon_link.request({"op": "register", "priority": priority, "tid": tid, "hints": hints},
+                                        timeout=REGISTER_TIMEOUT_S)
+        except ConnectionError:
+            reply = {}
+        if isinstance(reply.get("slot"), int):
+            slot = reply["slot"]
+    if slot is None:
+        slot = board.allocate(os.getpid(), priority, tid, device)
+        for key, value in hints.items():
+            board.set_hint(slot, key, value)
+    elif device:
+        board.set_device(slot, device)
+    return slot
 
 
 @contextmanager

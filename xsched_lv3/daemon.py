@@ -279,20 +279,12 @@ class Daemon(ConnectionLoop):
         self.board.clear_daemon(os.getpid())
         if self.wake is not None:
             self.wake.close()
-            try:
-                if _identity(os.lstat(wake_path(self.socket_path))) == self.wake_bound:
-                    os.unlink(wake_path(self.socket_path))     # ours: anything else at that name stays
-            except OSError:
-                pass
+            _unlink_if_ours(wake_path(self.socket_path), self.wake_bound)
         for conn in list(self.connections):
             self._close(conn, None)
         if self.listener:
             self.listener.close()
-        try:
-            if self.bound and _identity(os.lstat(self.socket_path)) == self.bound:
-                os.unlink(self.socket_path)            # ours: anything else at that name stays
-        except OSError:
-            pass
+        _unlink_if_ours(self.socket_path, self.bound)
         self.lock.record(None)
         self.lock.release()
         self.board_lock.release()
@@ -531,6 +523,15 @@ def _bind_private(sock, path):
     finally:
         os.umask(old_umask)
     return sock
+
+
+def _unlink_if_ours(path, bound):
+    """Remove the socket we bound at `path` ((st_dev, st_ino) `bound`); anything else at that name stays."""
+    try:
+        if bound and _identity(os.lstat(path)) == bound:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _in_use(path):

@@ -29,13 +29,10 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from functools import partial
 
-from kfdtool.pids import stopped
-
 from . import daemon_link
-from .board import Board
+from .board import Board, excuse, register_client, stopped_activations
 from .gil import short_switch
 from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
@@ -57,7 +54,6 @@ PROCESS_SPIN_S = 2e-3
 REAP_EVERY_S = 0.05                        # held: look for dead clients this often
 REAP_IDLE_EVERY_S = 1.0                    # otherwise, at a request's start at most this often
 DAEMON_CHECK_S = 0.05                      # is the daemon (our Lv3) still there? At most this often
-REGISTER_TIMEOUT_S = 0.5                   # a daemon that does not answer: take a slot from the board
 WATCHER_JOIN_S = 10.0                      # close(): the last request's GPU work may take this long
 BACKWARD_COMMANDS = 2                      # a leaf module's backward, in forward commands (before_backward)
 # A busy period (what lower clients are held for, and what the protection judges) goes on across a
@@ -82,27 +78,6 @@ def _wake_local_waiters():
     if _local_waiters[0]:
         with _LOCAL_WRITES:
             _LOCAL_WRITES.notify_all()
-
-
-def register_client(board, priority, tid, hints, device=0):
-    """A client's slot: from the daemon when one serves this board (it is then the one writer of the
-    slot's identity and hints, and may preempt the process at Lv3), else straight from the board."""
-    slot = None
-    if board.daemon_pid():
-        try:
-            reply = daemon_link.request({"op": "register", "priority": priority, "tid": tid, "hints": hints},
-                                        timeout=REGISTER_TIMEOUT_S)
-        except ConnectionError:
-            reply = {}
-        if isinstance(reply.get("slot"), int):
-            slot = reply["slot"]
-    if slot is None:
-        slot = board.allocate(os.getpid(), priority, tid, device)
-        for key, value in hints.items():
-            board.set_hint(slot, key, value)
-    elif device:
-        board.set_device(slot, device)
-    return slot
 
 
 class Gate:
@@ -194,8 +169,7 @@ class Gate:
         self.seen_generation = self.board_generation[0]   # before the states: a write during the read shows next time
         slots = board.slots()                       # one read: the states and our level come from it
         states = board.states(slots)
-        if self._excused:
-            states = [replace(q, ready=False) if (q.id, q.ready_since) in self._excused else q for q in states]
+        states = excuse(states, self._excused)
         self._others_here = all(q.pid == self._pid for q in states if q.ready and q.id != self.slot)
         me = next((q for q in states if q.id == self.slot), None)
         if me is None:                              # our slot was released under us (a daemon restart)
@@ -582,7 +556,7 @@ class Gate:
             now = time.monotonic()
             if now - last_reap > REAP_EVERY_S:
                 self.board.reap()                 # a dead (or zombie) client must not hold us back forever
-                self._excused = {(q.id, q.ready_since) for q in self.board.states() if q.ready and stopped(q.pid)}
+                self._excused = stopped_activations(self.board.states())
                 last_reap = now
             self._refresh(now)
         self.held_s += time.monotonic() - start

@@ -38,20 +38,20 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
-from kfdtool.cwsr.holds import Hold, ensure_run_dir
+from kfdtool.cwsr.holds import Hold
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
 from kfdtool.errors import (AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, PermissionDenied,
                             SimulatorError)
 from kfdtool.ioctls.constants import kfd_dbg_runtime_state
 from kfdtool.ioctls.structs import kfd_ioctl_get_version_args
-from kfdtool.pids import stopped
 from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
 
+from .board import excuse, stopped_activations
 from .policy import GAP_HISTORY, hold_for, shares_device
 
 LV1, LV3 = 1, 3
@@ -284,9 +284,8 @@ class Lv3Engine:
         states = board.states(snapshot)
         if now - self.last_check > 0.05:    # a stopped HP (SIGSTOP, a debugger) holds nobody
             self.last_check = now
-            self.excused = {(q.id, q.ready_since) for q in states if q.ready and stopped(q.pid)}
-        if self.excused:
-            states = [replace(q, ready=False) if (q.id, q.ready_since) in self.excused else q for q in states]
+            self.excused = stopped_activations(states)
+        states = excuse(states, self.excused)
         run = self.policy.decide(states, now).run
         wake_at = None
         to_suspend, to_resume = [], []
@@ -510,9 +509,9 @@ class Lv3Engine:
     def _record_suspended(self, c):
         self.board.write(c.slot, suspended=1, suspends=c.suspends, announce=False)
         try:
-            if c.hold is None and ensure_run_dir():
+            if c.hold is None:             # (Hold checks the records' directory first)
                 c.hold = Hold(c.pid, c.queues, "xsched-lv3 daemon").__enter__()
-            elif c.hold is not None:
+            else:
                 c.hold.update(c.queues)
         except (OSError, Error) as e:       # (Error: a records directory we may not trust)
             c.hold = None                   # `kfdtool queues` will not name us; the queues are fine

@@ -10,10 +10,8 @@ the decisions weigh this process's queues only."""
 import os
 import threading
 import time
-from dataclasses import replace
 
-from kfdtool.pids import stopped
-
+from .board import excuse, register_client, stopped_activations
 from .policy import QueueState, check_hint, make_policy
 
 BOARD_POLL_S = 1e-3            # with a board: how often other clients' changes are looked for (while ours have work)
@@ -41,7 +39,6 @@ class LocalScheduler:
     def add(self, xq, device=0):
         xq.device = device
         if self.board is not None:
-            from .gate import register_client        # (the gate imports this package's policies)
             # the slot binds the queue's launch worker, the thread its commands run from
             self._slots[xq.id] = register_client(self.board, xq.hints.get("priority", 0), xq.worker_tid,
                                                  {k: v for k, v in xq.hints.items() if k != "priority"}, device)
@@ -92,9 +89,8 @@ class LocalScheduler:
             self._seen_generation = self.board.generation[0]    # before the read: a write during it shows next time
             states = self.board.states()
             if reap:
-                self._excused = {(q.id, q.ready_since) for q in states if q.ready and stopped(q.pid)}
-            if self._excused:
-                states = [replace(q, ready=False) if (q.id, q.ready_since) in self._excused else q for q in states]
+                self._excused = stopped_activations(states)
+            states = excuse(states, self._excused)
             by_id = dict(self.queues)
             ours = [(slot, by_id[qid]) for qid, slot in list(self._slots.items()) if qid in by_id]
         decision = self.policy.decide(states, now)
