@@ -205,12 +205,17 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
 
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200, measured_from=None,
-                     changed=None, report=None):
+                     changed=None, report=None, board_changes_per_s=0, seed=1, backlog=False):
     """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
     apart, synchronizing after each iteration, under a window, on a scripted GPU (`changed`: the
     window's test for another client's activity during a wait). Returns (sync points per iteration,
     the GPU time queued ahead after each launch from iteration `measured_from` on (default: the last
-    half), sorted, the window). `report`: a dict, given the GPU's busy share over those iterations."""
+    half), sorted, the window). `report`: a dict, given the GPU's busy share over those iterations.
+    `board_changes_per_s`: another client's activity changes that often (seeded Poisson arrivals),
+    and the first launch after a change pauses the window, as the gate's board refresh does.
+    `seed`: of those arrivals. `backlog`: the window begins as the gate begins one, with a sync point
+    after the work launched before it (done here)."""
+    import random
     from types import SimpleNamespace
 
     from xsched_lv3 import window as window_module
@@ -225,11 +230,19 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
 
     def wait(at):
         clock[0] = max(clock[0], at)
+    arrivals = random.Random(seed)
+    if backlog:
+        w.backlog(0.0)
+    next_change = arrivals.expovariate(board_changes_per_s) if board_changes_per_s else float("inf")
     for iteration in range(iterations):
         command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
         if iteration == measured_from:
             measured_at = clock[0]
         for _ in range(commands_per_iteration):
+            if clock[0] >= next_change:                  # the gate's check before a launch: re-read the board
+                w.paused()
+                while next_change <= clock[0]:
+                    next_change += arrivals.expovariate(board_changes_per_s)
             clock[0] += cpu_us * 1e-6
             gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + command_us * 1e-6
             if iteration >= measured_from:
@@ -257,6 +270,22 @@ def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatc
                                     iterations=40, measured_from=10, changed=lambda: True)
     assert not w.calibrated                              # the case: every wait overlapped a change
     assert queued[-1] / 8000 <= 3                        # not the call's 20 kernels
+
+
+@pytest.mark.parametrize("cpu_us", [10, 300, 3000])
+def test_a_gpu_bound_client_whose_looks_are_cut_short_by_the_board_stays_windowed(monkeypatch, cpu_us):
+    """As above, and the service's requests change the board 40 times a second, which pauses the
+    window at the next launch: a look back due in that segment was dropped, and then the previous
+    sync point found done (drained by the job's own synchronize) doubled the spacing up to 128
+    commands, all of every call queued ahead of the service (seen in the simulator: 28 sync points in
+    a 26 s run at Lv1, the service as slow protected as exposed). Where launching is slow the pace
+    was never even measured, so no look was ever due."""
+    for seed in range(10):                           # where the changes fall decides whether a look is dropped
+        _, queued, w = _scripted_client(monkeypatch, gpu_us=8000, cpu_us=cpu_us, commands_per_iteration=20,
+                                        iterations=60, measured_from=10, changed=lambda: True,
+                                        board_changes_per_s=40, seed=seed, backlog=True)
+        assert not w.calibrated
+        assert queued[-1] / 8000 <= 3, f"seed {seed}: {queued[-1] / 8000:.0f} commands queued"
 
 
 @pytest.mark.parametrize("after_us", [100, 200])
@@ -355,6 +384,33 @@ def test_a_launch_bound_client_that_turns_gpu_bound_is_windowed_again(monkeypatc
     _, queued, _ = _scripted_client(monkeypatch, gpu_us=[10] * 100 + [40] * 200, cpu_us=30,
                                  commands_per_iteration=170, iterations=300)
     assert queued[int(0.9 * (len(queued) - 1))] <= 600
+
+
+@pytest.mark.parametrize("drained_by_synchronize", [False, True])
+def test_a_look_back_proves_the_gpu_keeps_up_only_within_a_window(monkeypatch, drained_by_synchronize):
+    """A look half a window of CPU time after a sync point that finds the GPU past it lets the
+    spacing double; one the client's own synchronize delayed past a window (the sync point was the
+    last of a call) proves nothing: the GPU was given all the time it needed. Counted as keeping
+    up, a batch job whose sync points fell at its calls' ends doubled its spacing past a call."""
+    from types import SimpleNamespace
+
+    from xsched_lv3 import window as window_module
+    clock = [0.0]
+    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    w = ProgressiveWindow(window_us=500)
+    for _ in range(3):                               # a CPU rate is measured, so a look is due
+        clock[0] += w.per_sync * 30e-6
+        w.sync_point(object(), w.per_sync, lambda h: True, lambda h: None)
+    latest = object()                                # the GPU is not there yet when it is recorded
+    clock[0] += w.per_sync * 30e-6
+    w.sync_point(latest, w.per_sync, lambda h: h is not latest, lambda h: None)
+    spacing, look_after = w.per_sync, w.look_after
+    assert 0 < look_after < spacing and w.pending
+    clock[0] += look_after * 30e-6 + (0.032 if drained_by_synchronize else 0.0)
+    w.look_back(lambda h: True)                      # ... and is past it at the look
+    clock[0] += (spacing - look_after) * 30e-6
+    w.sync_point(object(), spacing, lambda h: True, lambda h: None)
+    assert w.per_sync == (spacing if drained_by_synchronize else 2 * spacing)
 
 
 def test_a_pause_from_another_thread_during_a_look_back_does_not_break_it(monkeypatch):

@@ -14,7 +14,9 @@ segment of pure GPU work. Until then sync points start a few commands apart and 
 GPU keeps up, up to MAX_COMMANDS_PER_SYNC; completed ones are retired by a non-blocking query.
 "Keeping up" is judged half a window of CPU time after each sync point (`look_after`, `look_back`):
 a segment that ends at a synchronize is always complete by the next sync point, so that alone cannot
-tell a launch-bound client from one whose GPU falls behind a little with every command.
+tell a launch-bound client from one whose GPU falls behind a little with every command. For the same
+reason, the GPU found past a sync point proves it keeps up only where that is seen within a window of
+it: later, the client's own synchronize (or a hold) may have drained it.
 
 One loop for every client (`sync_point`): the XQueue's launch worker and the inline gate (PyTorch
 eager) count their commands and call it; the XQueue may also know each command's GPU time.
@@ -109,13 +111,21 @@ class ProgressiveWindow:
         # read once: another thread of the client may pause() the window meanwhile (the gate does so
         # without the window's lock)
         recorded_at = self._recorded_at
-        if recorded_at is not None and n:        # launching only since the last one (no wait, no hold)
-            self._cpu_us = (time.monotonic() - recorded_at) * 1e6 / n
+        segment_us = None if recorded_at is None else (time.monotonic() - recorded_at) * 1e6
+        if segment_us is not None and n:         # launching only since the last one (no wait, no hold)
+            self._cpu_us = segment_us / n
+        self.look_after = 0                      # (a look due and not made: unlooked, below)
         self.segment(handle, n, est_us)
         # kept up: the previous segment is done by now (the very first sync point proves nothing), and
-        # half a window after the latest one the GPU had caught up with it, where that was looked at
+        # half a window after the latest one the GPU had caught up with it, where that was looked at.
+        # Unlooked, "done by now" proves it only if this segment took at most a window to launch:
+        # longer, and the client's own synchronize (or a hold) may have drained the GPU meanwhile.
         retired = self.retire(is_done)
-        kept_up = len(self.pending) <= 1 and (retired > 0 if self._looked is None else self._looked)
+        if self._looked is None:
+            kept_up = retired > 0 and (self.calibrated or segment_us is not None and segment_us <= self.window_us)
+        else:
+            kept_up = self._looked
+        kept_up = kept_up and len(self.pending) <= 1
         self._looked = None
         waited = self.over()
         if waited:                               # the GPU is behind by more than the window
@@ -146,9 +156,9 @@ class ProgressiveWindow:
         GPU time per command is a little above its CPU time falls behind all through a long segment
         (40 us of GPU against 30 us of CPU, 128 commands: ~1.3 ms queued by its end, against a 500 us
         window), yet if it synchronizes each iteration, every sync point finds the one before it
-        complete, and the spacing would never come down. Still blind: a client whose every sync
-        point falls just before its own synchronize (an iteration exactly as long as the spacing),
-        which drains the GPU before any look."""
+        complete, and the spacing would never come down. A look that comes more than a window after
+        the sync point (its own synchronize, just after the sync point, drained the GPU first) proves
+        nothing either way: the spacing then stays."""
         looked_at, self.look_after = self.look_after, 0
         recorded_at = self._recorded_at          # read once, as in sync_point
         if recorded_at is None or not self.pending or not looked_at:
@@ -164,9 +174,13 @@ class ProgressiveWindow:
         # in order, so the latest sync point is left pending exactly when the GPU has not reached it
         # (done handles leave the window, and may be reused)
         self.retire(is_done)
-        self._looked = not self.pending
-        if not self._looked:
+        if self.pending:
+            self._looked = False
             self.per_sync = max(1, self.per_sync // 2)
+        else:
+            # reached: at most `elapsed_us` of work was queued ahead of it, which proves the GPU keeps
+            # up only within a window (later, the client's own synchronize may have drained it)
+            self._looked = elapsed_us <= self.window_us
 
     def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
