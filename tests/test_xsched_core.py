@@ -205,16 +205,17 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
 
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200, measured_from=None,
-                     changed=None, report=None, board_changes_per_s=0, seed=1, backlog=False):
+                     changed=None, report=None, board_changes_per_s=0, seed=1, backlog=False, phase_at=None):
     """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
     apart, synchronizing after each iteration, under a window, on a scripted GPU (`changed`: the
     window's test for another client's activity during a wait). Returns (sync points per iteration,
     the GPU time queued ahead after each launch from iteration `measured_from` on (default: the last
     half), sorted, the window). `report`: a dict, given the GPU's busy share over those iterations.
     `board_changes_per_s`: another client's activity changes that often (seeded Poisson arrivals),
-    and the first launch after a change pauses the window, as the gate's board refresh does.
+    and the first launch after a change tells the window, as the gate's board refresh does.
     `seed`: of those arrivals. `backlog`: the window begins as the gate begins one, with a sync point
-    after the work launched before it (done here)."""
+    after the work launched before it (done here). `phase_at`: a training client, whose backward
+    pass begins after that many commands of each iteration (`new_phase`, as the gate calls it)."""
     import random
     from types import SimpleNamespace
 
@@ -238,9 +239,11 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
         command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
         if iteration == measured_from:
             measured_at = clock[0]
-        for _ in range(commands_per_iteration):
+        for command in range(commands_per_iteration):
+            if command == phase_at:
+                w.new_phase()
             if clock[0] >= next_change:                  # the gate's check before a launch: re-read the board
-                w.paused()
+                w.others_changed()
                 while next_change <= clock[0]:
                     next_change += arrivals.expovariate(board_changes_per_s)
             clock[0] += cpu_us * 1e-6
@@ -274,18 +277,32 @@ def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatc
 
 @pytest.mark.parametrize("cpu_us", [10, 300, 3000])
 def test_a_gpu_bound_client_whose_looks_are_cut_short_by_the_board_stays_windowed(monkeypatch, cpu_us):
-    """As above, and the service's requests change the board 40 times a second, which pauses the
-    window at the next launch: a look back due in that segment was dropped, and then the previous
-    sync point found done (drained by the job's own synchronize) doubled the spacing up to 128
-    commands, all of every call queued ahead of the service (seen in the simulator: 28 sync points in
-    a 26 s run at Lv1, the service as slow protected as exposed). Where launching is slow the pace
-    was never even measured, so no look was ever due."""
+    """As above, and the service's requests change the board 40 times a second. Each change used to
+    pause the window at the next launch, dropping a look back due in that segment, and then the
+    previous sync point found done (drained by the job's own synchronize) doubled the spacing up to
+    128 commands, all of every call queued ahead of the service (seen in the simulator: 28 sync
+    points in a 26 s run at Lv1, the service as slow protected as exposed). Where launching is slow
+    the pace is never measured, so no look is ever due: only the time since the sync point tells."""
     for seed in range(10):                           # where the changes fall decides whether a look is dropped
         _, queued, w = _scripted_client(monkeypatch, gpu_us=8000, cpu_us=cpu_us, commands_per_iteration=20,
                                         iterations=60, measured_from=10, changed=lambda: True,
                                         board_changes_per_s=40, seed=seed, backlog=True)
         assert not w.calibrated
         assert queued[-1] / 8000 <= 3, f"seed {seed}: {queued[-1] / 8000:.0f} commands queued"
+
+
+def test_a_launch_bound_client_places_no_more_sync_points_while_the_board_changes(monkeypatch):
+    """Another client's activity changing 400 times a second costs a launch-bound training client no
+    sync points: its look backs stay due (it goes on launching; others' kernels can only make ours
+    look behind). Cancelled at each change, a doubling was lost wherever one fell between a sync
+    point and its look, and the spacing starts over at every backward pass (6.4 sync points an
+    iteration against 6.0)."""
+    def sync_points_per_iteration(changes_per_s):
+        per_iteration, queued, _ = _scripted_client(monkeypatch, gpu_us=15, cpu_us=30, commands_per_iteration=300,
+                                                    phase_at=100, board_changes_per_s=changes_per_s)
+        assert queued[-1] <= 20
+        return per_iteration
+    assert sync_points_per_iteration(400) <= 1.01 * sync_points_per_iteration(0)
 
 
 @pytest.mark.parametrize("after_us", [100, 200])
@@ -411,6 +428,33 @@ def test_a_look_back_proves_the_gpu_keeps_up_only_within_a_window(monkeypatch, d
     clock[0] += (spacing - look_after) * 30e-6
     w.sync_point(object(), spacing, lambda h: True, lambda h: None)
     assert w.per_sync == (spacing if drained_by_synchronize else 2 * spacing)
+
+
+@pytest.mark.parametrize("held_us", [0, 20_000])
+def test_a_segment_longer_than_a_window_proves_nothing_unlooked(monkeypatch, held_us):
+    """Where no look back was made (a hold cancelled it, or the pace is unknown), the previous sync
+    point found done at the next one proves the GPU kept up only if that segment was launched within
+    a window: across a hold of 20 ms the GPU drained whatever was queued, and the spacing must not
+    double on it."""
+    from types import SimpleNamespace
+
+    from xsched_lv3 import window as window_module
+    clock = [0.0]
+    monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    w = ProgressiveWindow(window_us=500)
+    for _ in range(2):                               # kept up twice: spacing 4, then 8
+        clock[0] += w.per_sync * 10e-6
+        w.sync_point(object(), w.per_sync, lambda h: True, lambda h: None)
+    latest = object()
+    clock[0] += w.per_sync * 10e-6
+    w.sync_point(latest, w.per_sync, lambda h: h is not latest, lambda h: None)
+    spacing = w.per_sync
+    if held_us:
+        w.paused()                                   # held back: no look back in this segment
+        clock[0] += held_us * 1e-6
+    clock[0] += spacing * 10e-6
+    w.sync_point(object(), spacing, lambda h: True, lambda h: None)
+    assert w.per_sync == (spacing if held_us else 2 * spacing)
 
 
 def test_a_pause_from_another_thread_during_a_look_back_does_not_break_it(monkeypatch):

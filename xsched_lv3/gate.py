@@ -207,7 +207,7 @@ class Gate:
         if self.window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command
-            self.window.paused()
+            self.window.others_changed()
         if self.guarded:
             decision = self.policy.decide(states, now)
             self._may_run = self.slot in decision.run

@@ -132,7 +132,7 @@ class ProgressiveWindow:
             wait(self.pending[0][0])
             waited_at = time.monotonic()
             if changed is not None and changed():
-                self.paused()
+                self.others_changed()
             self.retire(is_done, waited_at=waited_at, launched_from=recorded_at)
         self.per_sync = self.commands_per_sync(self.per_sync, kept_up, behind=waited)
         self._recorded_at = time.monotonic()
@@ -158,7 +158,9 @@ class ProgressiveWindow:
         window), yet if it synchronizes each iteration, every sync point finds the one before it
         complete, and the spacing would never come down. A look that comes more than a window after
         the sync point (its own synchronize, just after the sync point, drained the GPU first) proves
-        nothing either way: the spacing then stays."""
+        nothing either way: the spacing then stays. So does that of a client that takes more than a
+        window of CPU time to launch one command (rare: PyTorch leaves take tens of µs), which then
+        keeps a sync point every few commands: a few % of its CPU time, and nothing queued."""
         looked_at, self.look_after = self.look_after, 0
         recorded_at = self._recorded_at          # read once, as in sync_point
         if recorded_at is None or not self.pending or not looked_at:
@@ -299,11 +301,20 @@ class ProgressiveWindow:
             self.per_sync = min(self.per_sync, self.calibration_commands)
 
     def paused(self):
-        """The client was held back, or another client's activity changed: an interval reaching
-        across this point is not (only) this client's GPU work, and is not learned from."""
+        """The client was held back (or stopped launching for another reason): an interval reaching
+        across this point is not (only) this client's GPU work, and is not learned from; nor is it
+        CPU time per command, and the GPU may have drained meanwhile, so no look back is made."""
         self._chain_at = None
-        self._recorded_at = None                 # nor is it CPU time per command
+        self._recorded_at = None
         self.look_after = 0
+
+    def others_changed(self):
+        """Another client's activity changed while this one launches on: an interval reaching across
+        this point may hold its GPU work (its kernels between ours), and is not learned from. The
+        look back stays due: our launching went on, and another client's kernels can only make ours
+        look further behind, never ahead (cancelled, a launch-bound client whose board changed 40
+        times a second lost one in three of its doublings)."""
+        self._chain_at = None
 
     def _learn(self, measured_us):
         first = not self.calibrated
