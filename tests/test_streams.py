@@ -62,3 +62,50 @@ def test_preempting_a_shared_queue_stops_every_stream_on_it(hip):
     assert s2.qid in cl.queues()                           # refcount keeps the queue for s2
     rt.destroy_stream(s2)
     assert m1.queue_ids[0] not in cl.queues()
+
+
+def test_threads_launching_on_one_stream_can_each_wait_for_it(hip):
+    """HIP streams may be shared by threads: an event recorded after launches from several threads
+    covers them all and can be waited for by any thread. Each thread posts on its own connection
+    and the server reads them in no set order: a wait counted another thread's launches that had
+    not reached it yet and was refused (4 of 5 runs of a review's program)."""
+    import threading
+    cl, rt = hip
+    stream = rt.create_stream("shared", cl.gpus[0])
+    errors, barrier = [], threading.Barrier(3)
+
+    def launcher():
+        try:
+            barrier.wait()
+            for i in range(60):
+                rt.launch(stream, work_us=20.0, waves=8)
+                if i % 10 == 9:
+                    rt.synchronize(rt.record(stream))
+        except Exception as e:   # noqa: BLE001  reported below, from the test's thread
+            errors.append(e)
+    threads = [threading.Thread(target=launcher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    event = rt.record(stream)                        # this thread launched nothing on it
+    rt.synchronize(event)
+    assert event.signal == 180 and rt.query(event)
+
+
+def test_a_queue_id_used_again_counts_its_kernels_anew(hip):
+    """The kernel gives a destroyed queue's id to the next queue: that queue's events count from
+    its own first kernel (the old count made every wait on it a refusal)."""
+    cl, rt = hip
+    first = rt.create_stream("first", cl.gpus[0])
+    for _ in range(5):
+        rt.launch(first, work_us=10.0)
+    rt.synchronize(rt.record(first))
+    qid = first.qid
+    rt.destroy_stream(first)
+    second = rt.create_stream("second", cl.gpus[0])
+    rt.launch(second, work_us=10.0)
+    event = rt.record(second)
+    assert second.qid == qid and event.signal == 1
+    rt.synchronize(event)

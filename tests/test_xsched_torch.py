@@ -1302,3 +1302,49 @@ def test_a_gpu_error_in_the_watchers_wait_does_not_hold_lower_clients(torch_fake
             _idle(gate)
         assert gate._watcher.is_alive()
     lp.close()
+
+
+def test_a_simulated_hip_services_forked_child_runs_unscheduled(monkeypatch, tmp_path):
+    """xsched_lv3.simhip, like the PyTorch path: a service that forks a child which runs model calls
+    leaves its slot as its own requests leave it. The child's calls went through the parent's gate
+    and marked the parent active, and no watcher in the child marked it idle: the lower clients
+    stayed suspended until the parent exited (a review's program under `xsched-lv3 run`)."""
+    import warnings
+
+    from kfdtool.sim import hip as sim_hip
+    from xsched_lv3 import simhip
+    from xsched_lv3.gate import Gate
+    monkeypatch.setenv("XSCHED_LV3_BOARD", str(tmp_path / "board"))
+    monkeypatch.setattr(sim_hip.SimModel, "__call__", lambda model, stream: None)
+    monkeypatch.setattr(simhip, "_installed", False)
+    simhip.install()
+    model = sim_hip.SimModel.__new__(sim_hip.SimModel)
+    fake_hip = types.SimpleNamespace(record=lambda stream: object(), query=lambda event: True,
+                                     synchronize=lambda event: None)
+    gates = []
+    for priority in (0, 10):
+        recorder = simhip.SimHipRecorder()
+        recorder.hip, recorder.stream = fake_hip, types.SimpleNamespace(gpu_id=4242)    # both on one GPU
+        gates.append(Gate(recorder, priority=priority, window_us=None))
+        gates[-1].notice_device()
+    lp, hp = gates
+    monkeypatch.setattr(simhip, "_process_gate", hp)
+    model(None)                                          # the service's own request marks it active ...
+    deadline = time.monotonic() + 2
+    while hp.board.read_slot(hp.slot)[2] and time.monotonic() < deadline:
+        time.sleep(0.005)                                # ... until its work is done
+    assert hp.tracking and hp.stats()["requests"] == 1 and not hp.board.read_slot(hp.slot)[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)      # fork with the gate's threads running
+        pid = os.fork()
+    if pid == 0:                                         # the child: its requests, then exit at once
+        try:
+            for _ in range(3):
+                model(None)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.05)
+    assert not hp.board.read_slot(hp.slot)[2]            # not left active by the child
+    hp.close()
+    lp.close()

@@ -6,6 +6,7 @@
 is held at Lv1. At Lv3 (the daemon suspends this process's KFD queues) nothing is gated: the
 wrappers only mark requests active and idle. This is what the simulated end-to-end benchmark runs.
 """
+import os
 import threading
 
 from .board import kfd_device_key
@@ -84,7 +85,18 @@ def install():
 
     sim_hip.SimModel.__call__ = scheduled_call
     sim_hip.SimHip.launch = scheduled_launch
+    os.register_at_fork(after_in_child=_forget_gate_in_forked_child)
     _installed = True
+
+
+def _forget_gate_in_forked_child():
+    """A forked child runs unscheduled, as under PyTorch (pytorch._forget_gates_in_forked_child): the
+    gate, its board slot and its watcher are the parent's, and the child's requests marked the
+    parent active with no watcher to mark it idle, so lower clients stayed held or suspended until
+    the parent exited. A child started anew under `xsched-lv3 run` is a client of its own."""
+    global _process_gate
+    _process_gate = None
+    _local.__dict__.clear()
 
 
 def enable_for_process():

@@ -19,11 +19,14 @@ count after the stream's last launch). Streams that share a queue run in its ord
 import operator
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from ..errors import SimulatorError
 
 KFD_PRIORITY = {"low": 0, "normal": 7, "high": 11}
+# How long another thread's posted launches may take to reach the server (they were sent already)
+RECEIVE_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -61,6 +64,7 @@ class SimHipRuntime:
         self.pools = {}                   # (gpu_id, priority) -> {qid: refcount}
         self._lock = threading.Lock()     # pools, queue creation, stream signals
         self._dispatched = {}             # qid -> kernels this process dispatched to it
+        self._launcher = {}               # qid -> the one thread that launched on it so far (None: several)
 
     def create_stream(self, name, gpu_id, priority="normal", cu_mask=False):
         if priority not in KFD_PRIORITY:
@@ -83,23 +87,46 @@ class SimHipRuntime:
         """Launch one kernel on `stream`: `work_us` of work at full device speed, occupying
         `waves` wave slots. Returns once the packet is in the queue, not when it is done."""
         kernel = [float(work_us), operator.index(waves)]
+        me = threading.get_ident()
         with self._lock:
             if stream.qid is None:
                 stream.qid = self._acquire(stream)
             qid = stream.qid
-        # Posted, not waited for: a real launch writes the packet and the doorbell and goes on. Our
-        # queues are ours alone, so we count what we dispatched (the queue's signal) ourselves.
-        self.post_doorbell("dispatch", qid=qid, kernels=[kernel])
-        with self._lock:
+            shared = self._launcher.setdefault(qid, me) != me
+            if shared and self._launcher[qid] is not None:
+                # a second thread on this queue: each thread has its own connection, and the server
+                # reads connections in no set order, so from now on every launch on it is answered
+                # before the next (a real ring's write index orders them), after what was posted
+                self._launcher[qid] = None
+                self._received(qid, self._dispatched.get(qid, 0))
+            if shared:
+                self.doorbell("dispatch", qid=qid, kernels=[kernel])
+            else:
+                # Posted, not waited for: a real launch writes the packet and the doorbell and goes
+                # on. Our queues are ours alone, so we count what we dispatched (its signal) ourselves.
+                self.post_doorbell("dispatch", qid=qid, kernels=[kernel])
             self._dispatched[qid] = self._dispatched.get(qid, 0) + 1
             stream.signal = self._dispatched[qid]
 
+    def _received(self, qid, count):
+        """Wait until the server has taken `count` kernels for `qid` (posted from any thread: sent,
+        but perhaps not yet read; a refused one is raised in the thread that posted it)."""
+        deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+        while self.doorbell("query", qid=qid)["dispatched"] < count:
+            if time.monotonic() > deadline:
+                raise SimulatorError(f"launches on queue {qid} did not reach the simulator within "
+                                     f"{RECEIVE_TIMEOUT_S:g} s (one was refused?)")
+            time.sleep(0)
+
     def record(self, stream):
-        """An event covering everything launched on `stream` so far. It waits until the server
-        has taken this thread's launches, so that any thread may wait on the event."""
+        """An event covering everything launched on `stream` so far, from any thread. It waits until
+        the server has taken those launches, so that any thread may wait on the event."""
         self.flush()
         with self._lock:
-            return SimEvent(stream.qid, stream.signal)
+            event = SimEvent(stream.qid, stream.signal)
+            if event.qid is not None and self._launcher.get(event.qid) not in (None, threading.get_ident()):
+                self._received(event.qid, event.signal)      # another thread's: posted, perhaps not yet read
+        return event
 
     def query(self, event):
         """True if everything the event covers is done (never blocks)."""
@@ -124,10 +151,16 @@ class SimHipRuntime:
                 pool[stream.qid] -= 1
                 if pool[stream.qid] == 0:
                     del pool[stream.qid]
-                    self.rt.destroy_queue(stream.qid)
+                    self._destroy_queue(stream.qid)
             else:
-                self.rt.destroy_queue(stream.qid)
+                self._destroy_queue(stream.qid)
             stream.qid = None
+
+    def _destroy_queue(self, qid):
+        """Under self._lock. The kernel may give its id to the next queue: that one counts from 0."""
+        self.rt.destroy_queue(qid)
+        self._dispatched.pop(qid, None)
+        self._launcher.pop(qid, None)
 
 
 # The GPU runtime is per process (ROCr's): pid -> (SimHips open, whether one of them turned it on)
