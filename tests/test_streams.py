@@ -109,3 +109,47 @@ def test_a_queue_id_used_again_counts_its_kernels_anew(hip):
     event = rt.record(second)
     assert second.qid == qid and event.signal == 1
     rt.synchronize(event)
+
+
+def test_an_event_recorded_by_another_thread_covers_the_launches_it_saw(hip):
+    """One thread launches and exits; another, started after it (CPython may give it the same
+    thread id), records the stream and waits. The launches were posted on the first thread's
+    connection, perhaps not yet read by the server: the wait was refused whenever the recording
+    thread was taken for the launcher (the id reused) or did not make sure the server had them."""
+    import threading
+    cl, rt = hip
+    for round_ in range(10):
+        stream = rt.create_stream(f"s{round_}", cl.gpus[0])
+        launcher = threading.Thread(target=lambda: [rt.launch(stream, work_us=1.0, waves=8) for _ in range(200)])
+        launcher.start()
+        launcher.join()
+        errors = []
+
+        def wait():
+            try:
+                event = rt.record(stream)
+                rt.synchronize(event)
+                assert event.signal == 200 and rt.query(event)
+            except Exception as e:   # noqa: BLE001  reported below, from the test's thread
+                errors.append(e)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join()
+        assert not errors, f"round {round_}: {errors[0]}"
+        rt.destroy_stream(stream)
+
+
+def test_a_child_forked_while_the_runtime_is_busy_can_use_it(hip):
+    """A fork while another thread holds the runtime's lock (a launch in progress) left the child's
+    copy locked: the child's first launch waited for good instead of being answered (as the kernel
+    answers a child using its parent's fd: EBADF, or its own KFD process)."""
+    import warnings
+    cl, rt = hip
+    with rt._lock:                                   # what another thread's launch holds
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0 if rt._lock.acquire(timeout=2) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -205,7 +205,8 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
 
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200, measured_from=None,
-                     changed=None, report=None, board_changes_per_s=0, seed=1, backlog=False, phase_at=None):
+                     changed=None, report=None, board_changes_per_s=0, seed=1, backlog=False, phase_at=None,
+                     holds_per_s=0, hold_us=0.0):
     """A client launching commands of `gpu_us` of GPU time (or a list: per iteration) each `cpu_us`
     apart, synchronizing after each iteration, under a window, on a scripted GPU (`changed`: the
     window's test for another client's activity during a wait). Returns (sync points per iteration,
@@ -215,7 +216,9 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
     and the first launch after a change tells the window, as the gate's board refresh does.
     `seed`: of those arrivals. `backlog`: the window begins as the gate begins one, with a sync point
     after the work launched before it (done here). `phase_at`: a training client, whose backward
-    pass begins after that many commands of each iteration (`new_phase`, as the gate calls it)."""
+    pass begins after that many commands of each iteration (`new_phase`, as the gate calls it).
+    `holds_per_s`: the client is held back that often for `hold_us` (its GPU goes on), and the window
+    is told (`paused`), as the gate's wait for its turn does."""
     import random
     from types import SimpleNamespace
 
@@ -235,6 +238,7 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
     if backlog:
         w.backlog(0.0)
     next_change = arrivals.expovariate(board_changes_per_s) if board_changes_per_s else float("inf")
+    next_hold = arrivals.expovariate(holds_per_s) if holds_per_s else float("inf")
     for iteration in range(iterations):
         command_us = gpu_us[iteration] if isinstance(gpu_us, list) else gpu_us
         if iteration == measured_from:
@@ -246,6 +250,11 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
                 w.others_changed()
                 while next_change <= clock[0]:
                     next_change += arrivals.expovariate(board_changes_per_s)
+            if clock[0] >= next_hold:                    # ... and wait for its turn
+                clock[0] += hold_us * 1e-6
+                w.paused()
+                while next_hold <= clock[0]:
+                    next_hold += arrivals.expovariate(holds_per_s)
             clock[0] += cpu_us * 1e-6
             gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + command_us * 1e-6
             if iteration >= measured_from:
@@ -276,17 +285,19 @@ def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatc
 
 
 @pytest.mark.parametrize("cpu_us", [10, 300, 3000])
-def test_a_gpu_bound_client_whose_looks_are_cut_short_by_the_board_stays_windowed(monkeypatch, cpu_us):
-    """As above, and the service's requests change the board 40 times a second. Each change used to
-    pause the window at the next launch, dropping a look back due in that segment, and then the
-    previous sync point found done (drained by the job's own synchronize) doubled the spacing up to
-    128 commands, all of every call queued ahead of the service (seen in the simulator: 28 sync
-    points in a 26 s run at Lv1, the service as slow protected as exposed). Where launching is slow
-    the pace is never measured, so no look is ever due: only the time since the sync point tells."""
-    for seed in range(10):                           # where the changes fall decides whether a look is dropped
+def test_a_gpu_bound_client_whose_looks_are_cut_short_stays_windowed(monkeypatch, cpu_us):
+    """As above, next to a service whose requests change the board 40 times a second and hold the
+    job back 20 times a second for 3 ms (its GPU goes on meanwhile). A hold cancels the look back due
+    in that segment (as board changes also did until f44cad0), and then the previous sync point found
+    done (drained by the job's own synchronize, or during the hold) doubled the spacing up to 128
+    commands, all of every call queued ahead of the service (seen in the simulator: 28 sync points
+    in a 26 s run at Lv1, the service as slow protected as exposed). Where launching is slow the pace
+    is never measured, so no look is ever due: only the time since the sync point tells."""
+    for seed in range(10):                           # where the changes fall decides whether a look is cut
         _, queued, w = _scripted_client(monkeypatch, gpu_us=8000, cpu_us=cpu_us, commands_per_iteration=20,
                                         iterations=60, measured_from=10, changed=lambda: True,
-                                        board_changes_per_s=40, seed=seed, backlog=True)
+                                        board_changes_per_s=40, seed=seed, backlog=True, holds_per_s=20,
+                                        hold_us=3000)
         assert not w.calibrated
         assert queued[-1] / 8000 <= 3, f"seed {seed}: {queued[-1] / 8000:.0f} commands queued"
 

@@ -277,8 +277,9 @@ class ProgressiveWindow:
             handle, est, n = pending.popleft()
             self.pending_us = max(0.0, self.pending_us - est)
             if first and waited_at is not None:
-                if self._chain_at is not None and n:
-                    self._learn((waited_at - self._chain_at) * 1e6 / n)
+                chain_at = self._chain_at        # read once: another thread may clear it meanwhile (gate)
+                if chain_at is not None and n:
+                    self._learn((waited_at - chain_at) * 1e6 / n)
                 elif not pending and launched_from is not None and n and self.cmd_us > self.window_us:
                     at_most_us = (waited_at - launched_from) * 1e6 / n
                     if at_most_us < self.cmd_us:

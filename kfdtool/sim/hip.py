@@ -20,6 +20,7 @@ import operator
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from ..errors import SimulatorError
@@ -65,6 +66,8 @@ class SimHipRuntime:
         self._lock = threading.Lock()     # pools, queue creation, stream signals
         self._dispatched = {}             # qid -> kernels this process dispatched to it
         self._launcher = {}               # qid -> the one thread that launched on it so far (None: several)
+        self._threads = threading.local()  # .token: this thread's (thread ids are reused once one exits)
+        _runtimes.add(self)
 
     def create_stream(self, name, gpu_id, priority="normal", cu_mask=False):
         if priority not in KFD_PRIORITY:
@@ -83,11 +86,21 @@ class SimHipRuntime:
         pool[qid] += 1
         return qid
 
+    def _thread_token(self):
+        token = getattr(self._threads, "token", None)
+        if token is None:
+            token = self._threads.token = object()
+        return token
+
+    def _after_fork_in_child(self):
+        """A child forked while another thread held the lock would wait on it for good."""
+        self._lock = threading.Lock()
+
     def launch(self, stream, work_us, waves=64):
         """Launch one kernel on `stream`: `work_us` of work at full device speed, occupying
         `waves` wave slots. Returns once the packet is in the queue, not when it is done."""
         kernel = [float(work_us), operator.index(waves)]
-        me = threading.get_ident()
+        me = self._thread_token()
         with self._lock:
             if stream.qid is None:
                 stream.qid = self._acquire(stream)
@@ -124,7 +137,7 @@ class SimHipRuntime:
         self.flush()
         with self._lock:
             event = SimEvent(stream.qid, stream.signal)
-            if event.qid is not None and self._launcher.get(event.qid) not in (None, threading.get_ident()):
+            if event.qid is not None and self._launcher.get(event.qid) not in (None, self._thread_token()):
                 self._received(event.qid, event.signal)      # another thread's: posted, perhaps not yet read
         return event
 
@@ -162,6 +175,17 @@ class SimHipRuntime:
         self._dispatched.pop(qid, None)
         self._launcher.pop(qid, None)
 
+
+# Every runtime of this process, for the fork handler below
+_runtimes = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for runtime in list(_runtimes):
+        runtime._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # The GPU runtime is per process (ROCr's): pid -> (SimHips open, whether one of them turned it on)
 _process_runtime = {}
