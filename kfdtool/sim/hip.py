@@ -137,8 +137,9 @@ class SimHipRuntime:
         self.flush()
         with self._lock:
             event = SimEvent(stream.qid, stream.signal)
-            if event.qid is not None and self._launcher.get(event.qid) not in (None, self._thread_token()):
-                self._received(event.qid, event.signal)      # another thread's: posted, perhaps not yet read
+            others = event.qid is not None and self._launcher.get(event.qid) not in (None, self._thread_token())
+        if others:                               # another thread's launches: posted, perhaps not yet read
+            self._received(event.qid, event.signal)         # (not under the lock: other streams launch on)
         return event
 
     def query(self, event):
