@@ -122,7 +122,7 @@ class ProgressiveWindow:
         # longer, and the client's own synchronize (or a hold) may have drained the GPU meanwhile.
         retired = self.retire(is_done)
         if self._looked is None:
-            kept_up = retired > 0 and (self.calibrated or segment_us is not None and segment_us <= self.window_us)
+            kept_up = retired > 0 and (self.calibrated or self._within_window(segment_us))
         else:
             kept_up = self._looked
         kept_up = kept_up and len(self.pending) <= 1
@@ -180,9 +180,14 @@ class ProgressiveWindow:
             self._looked = False
             self.per_sync = max(1, self.per_sync // 2)
         else:
-            # reached: at most `elapsed_us` of work was queued ahead of it, which proves the GPU keeps
-            # up only within a window (later, the client's own synchronize may have drained it)
-            self._looked = elapsed_us <= self.window_us
+            # reached: at most `elapsed_us` of work was queued ahead of it
+            self._looked = self._within_window(elapsed_us)
+
+    def _within_window(self, elapsed_us):
+        """Whether the GPU found past a sync point `elapsed_us` after it was recorded (None: not
+        known) proves that it keeps up: only within a window of it. Later, the client's own
+        synchronize (or a hold) may have drained it."""
+        return elapsed_us is not None and elapsed_us <= self.window_us
 
     def segment(self, handle, n, est_us=None):
         """A sync point after `n` commands counted by the caller: each weighs the learned GPU time
@@ -305,7 +310,7 @@ class ProgressiveWindow:
         """The client was held back (or stopped launching for another reason): an interval reaching
         across this point is not (only) this client's GPU work, and is not learned from; nor is it
         CPU time per command, and the GPU may have drained meanwhile, so no look back is made."""
-        self._chain_at = None
+        self.others_changed()
         self._recorded_at = None
         self.look_after = 0
 
@@ -313,8 +318,9 @@ class ProgressiveWindow:
         """Another client's activity changed while this one launches on: an interval reaching across
         this point may hold its GPU work (its kernels between ours), and is not learned from. The
         look back stays due: our launching went on, and another client's kernels can only make ours
-        look further behind, never ahead (cancelled, a launch-bound client whose board changed 40
-        times a second lost one in three of its doublings)."""
+        look further behind, never ahead (cancelled, a launch-bound training client on a scripted
+        clock placed 6.4 sync points an iteration instead of 6.0 while the board changed 400 times a
+        second)."""
         self._chain_at = None
 
     def _learn(self, measured_us):

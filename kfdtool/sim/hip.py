@@ -44,6 +44,13 @@ class SimStream:
         return self.qid
 
 
+class _ThreadToken(threading.local):
+    """`.token`: an object of the calling thread's own (thread ids are reused once a thread exits)."""
+
+    def __init__(self):
+        self.token = object()
+
+
 @dataclass(frozen=True)
 class SimEvent:
     """Done when queue `qid` has completed `signal` kernels (nothing launched yet: done)."""
@@ -66,7 +73,7 @@ class SimHipRuntime:
         self._lock = threading.Lock()     # pools, queue creation, stream signals
         self._dispatched = {}             # qid -> kernels this process dispatched to it
         self._launcher = {}               # qid -> the one thread that launched on it so far (None: several)
-        self._threads = threading.local()  # .token: this thread's (thread ids are reused once one exits)
+        self._thread = _ThreadToken()
         _runtimes.add(self)
 
     def create_stream(self, name, gpu_id, priority="normal", cu_mask=False):
@@ -86,12 +93,6 @@ class SimHipRuntime:
         pool[qid] += 1
         return qid
 
-    def _thread_token(self):
-        token = getattr(self._threads, "token", None)
-        if token is None:
-            token = self._threads.token = object()
-        return token
-
     def _after_fork_in_child(self):
         """A child forked while another thread held the lock would wait on it for good."""
         self._lock = threading.Lock()
@@ -100,7 +101,7 @@ class SimHipRuntime:
         """Launch one kernel on `stream`: `work_us` of work at full device speed, occupying
         `waves` wave slots. Returns once the packet is in the queue, not when it is done."""
         kernel = [float(work_us), operator.index(waves)]
-        me = self._thread_token()
+        me = self._thread.token
         with self._lock:
             if stream.qid is None:
                 stream.qid = self._acquire(stream)
@@ -137,7 +138,7 @@ class SimHipRuntime:
         self.flush()
         with self._lock:
             event = SimEvent(stream.qid, stream.signal)
-            others = event.qid is not None and self._launcher.get(event.qid) not in (None, self._thread_token())
+            others = event.qid is not None and self._launcher.get(event.qid) not in (None, self._thread.token)
         if others:                               # another thread's launches: posted, perhaps not yet read
             self._received(event.qid, event.signal)         # (not under the lock: other streams launch on)
         return event
