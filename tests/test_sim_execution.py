@@ -421,3 +421,44 @@ def test_a_waiter_that_disappears_costs_nothing(sim, hip, workers):
     assert time.monotonic() - t0 < 0.5
     with sim.control() as ctl:
         assert worker.pid not in ctl("status")["processes"]      # its queues and work went with it
+
+
+def test_a_request_takes_effect_when_its_caller_made_it_within_what_the_model_allows():
+    """clock.applied_at: the moment the caller stamped, never before the model was played to, never
+    in the future, never more than MAX_LATE_NS ago; anything but a positive int means now."""
+    from kfdtool.sim.clock import MAX_LATE_NS, applied_at
+    now, played = 10_000_000_000, 9_990_000_000
+    assert applied_at(9_995_000_000, played, now) == 9_995_000_000
+    assert applied_at(9_980_000_000, played, now) == played            # the model does not go back
+    assert applied_at(now + 5, played, now) == now                      # a stamp from the future
+    assert applied_at(1, 0, now) == now - MAX_LATE_NS                   # another clock: bounded
+    for junk in (0, -3, True, 9.99e9, "9995000000", None, [1]):
+        assert applied_at(junk, played, now) == now
+
+
+def dispatch_stamped(hip, qid, kernels, at):
+    """Ring a doorbell as a client whose write was made at `at` (None: no stamp) would."""
+    fields = {"op": "dispatch", "qid": qid, "kernels": kernels}
+    if at is not None:
+        fields["at"] = at
+    return hip.rt.kfd.backend._channel().call_json(b"D" + json.dumps(fields).encode())
+
+
+def test_a_dispatch_runs_from_the_moment_its_doorbell_was_rung_not_from_when_the_server_got_to_it(sim, hip):
+    """The server handles one request at a time: a doorbell that waited for its turn (or for its
+    Python) runs as of when it was rung, as on the device, where the CP sees the write at once."""
+    stamped, unstamped = warm_stream(hip, 26), warm_stream(hip, 27)
+    time.sleep(0.05)                                   # the model is played to the warm-ups' end, no later
+    rung = time.monotonic_ns() - 15_000_000            # a doorbell that waited 15 ms for the server
+    dispatch_stamped(hip, stamped.queue_id, [[30_000.0, 8]], at=rung)
+    dispatch_stamped(hip, unstamped.queue_id, [[30_000.0, 8]], at=None)
+    left = queue_state(sim, os.getpid(), stamped.queue_id)["head_remaining_us"]
+    assert 0 < left <= 15_500                          # 15 ms of its 30 already run
+    assert queue_state(sim, os.getpid(), unstamped.queue_id)["head_remaining_us"] > left + 10_000
+    hip.doorbell("wait", qid=unstamped.queue_id, count=2)
+    # a stamp from another clock (10 s ago) is taken as at most MAX_LATE_NS (20 ms) late, though the
+    # model was last played 50 ms ago
+    time.sleep(0.05)
+    dispatch_stamped(hip, stamped.queue_id, [[100_000.0, 8]], at=time.monotonic_ns() - 10_000_000_000)
+    assert 70_000 < queue_state(sim, os.getpid(), stamped.queue_id)["head_remaining_us"] <= 80_500
+    hip.doorbell("wait", qid=stamped.queue_id, count=3)

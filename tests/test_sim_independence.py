@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kfdtool"
 KERNEL_SIDE = ("kernel", "dbg_trap", "smi", "memory", "state", "timing", "proc_sysfs", "machine", "server",
-               "cwsr", "nodes", "errors", "protocol", "execution")
+               "cwsr", "nodes", "errors", "protocol", "execution", "clock")
 USER_SIDE = ("client", "control", "runner", "workload", "hip")
 # What the kernel side may import from kfdtool, besides its own kernel-side modules.
 ALLOWED = ("kfdtool.ioctls", "kfdtool.pids", "kfdtool.ratelog", "kfdtool.selectloop")

@@ -99,7 +99,7 @@ def read_until_closed(sock):
 def ioctl_body(arg=b"", regions=(), n_regions=None, arg_len=None):
     packed = b"".join(REGION.pack(addr, length) + data for addr, length, data in regions)
     return (b"I" + IOCTL.pack(GET_VERSION, len(arg) if arg_len is None else arg_len,
-                              len(regions) if n_regions is None else n_regions) + arg + packed)
+                              len(regions) if n_regions is None else n_regions, 0) + arg + packed)
 
 
 MALFORMED = {
@@ -220,7 +220,7 @@ from kfdtool.sim.protocol import IOCTL, frame
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect({path!r})
 sock.sendall(frame(b"O"))
-request = frame(b"I" + IOCTL.pack({request}, 8, 0) + bytes(8))
+request = frame(b"I" + IOCTL.pack({request}, 8, 0, 0) + bytes(8))
 sock.setblocking(False)
 sent = 0
 while True:                       # pipeline requests, never read a reply, until nothing more fits
@@ -696,7 +696,7 @@ def test_starting_a_machine_that_another_simulator_version_runs_says_to_stop_it(
         info = sim.info
         del info["protocol"]                               # what a server before protocol 2 wrote
         (sim.dir / "machine.json").write_text(json.dumps(info))
-        with pytest.raises(SimulatorError, match=r"another version \(protocol 1, this kfdtool 2\).*kfdtool sim stop mi210"):
+        with pytest.raises(SimulatorError, match=rf"another version \(protocol 1, this kfdtool {PROTOCOL}\).*kfdtool sim stop mi210"):
             runner.start("mi210", realtime=False)
     finally:
         runner.stop("mi210")

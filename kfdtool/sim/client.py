@@ -200,7 +200,8 @@ class SimBackend:
         self._channel().collect()             # posted doorbells first: their replies come before ours
         try:
             # a server that stopped: no errno of a real ioctl says that (EPIPE would pass for the kernel's)
-            self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions)) + raw
+            made_at = time.monotonic_ns()         # the syscall: the server applies the call as of then
+            self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions), made_at) + raw
                                     + pack_regions(regions)))
             reply, fds = recv_frame(self.sock, with_fds=True)
         except OSError as e:
@@ -226,12 +227,12 @@ class SimBackend:
         on a real GPU: the ring, doorbell and signal are mapped memory). On this thread's own
         connection, so a `wait` blocks only this thread (the GIL is released while it does).
         Returns the server's JSON reply; SimulatorError with its one-line reason on refusal."""
-        return self._channel().call_json(b"D" + json.dumps({"op": op, **fields}).encode())
+        return self._channel().call_json(_doorbell_message(op, fields))
 
     def post_doorbell(self, op, **fields):
         """`doorbell` without waiting for the reply, as a doorbell write does not wait: a refusal
         (a full ring) is raised by this thread's next call to the simulator."""
-        self._channel().post_json(b"D" + json.dumps({"op": op, **fields}).encode())
+        self._channel().post_json(_doorbell_message(op, fields))
 
     def flush(self):
         """Wait until the server has taken this thread's posted doorbells (and raise a refusal)."""
@@ -247,3 +248,10 @@ class SimBackend:
             self._local.control = None        # a broken channel: a new one next time
             return None
         return bytes.fromhex(data) if data else None
+
+
+def _doorbell_message(op, fields):
+    """A doorbell request; a dispatch says when it was rung (the server applies it as of then)."""
+    if op == "dispatch":
+        fields = {**fields, "at": time.monotonic_ns()}
+    return b"D" + json.dumps({"op": op, **fields}).encode()

@@ -19,6 +19,7 @@ import ioctl_opt
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
+from . import clock
 from .cwsr import node_cwsr
 from .dbg_trap import DbgTrap, ptrace_parent
 from .errors import ENOTSUPP, Blocked, SimErrno
@@ -564,7 +565,7 @@ class SimKfd:
 
     def get_clock_counters(self, proc, a, mem, uid):
         self.device(a.gpu_id)
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         a.gpu_clock_counter = now // 10          # 100 MHz reference clock
         a.cpu_clock_counter = a.system_clock_counter = now
         a.system_clock_freq = 1_000_000_000

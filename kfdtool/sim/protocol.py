@@ -2,11 +2,15 @@
 
 Every message is a u32 length + payload; the payload's first byte is its kind:
   client: b"O" open /dev/kfd (the process that sends it becomes a KFD process)
-          b"I" ioctl: <request u32, arg len u32, regions u32> arg, regions
+          b"I" ioctl: <request u32, arg len u32, regions u32, made at u64> arg, regions
           b"C" control: a JSON object
           b"D" doorbell: a JSON object {"op": "dispatch" | "query" | "wait", "qid": ...}, on the
                caller's own queues (what user space does without an ioctl: write AQL packets and
-               ring the doorbell, read or wait on a completion signal)
+               ring the doorbell, read or wait on a completion signal); a dispatch's "at" is its
+               "made at"
+  "made at": CLOCK_MONOTONIC ns when the caller made the call or rang the doorbell; the server
+               applies the request then, as far as its model has not been played past it (clock.py);
+               0 or absent: when the server handles it
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32, returns at u64> out, regions
                (+ SCM_RIGHTS); "returns at": CLOCK_MONOTONIC ns before which the call must not return
                to its caller (the modelled time it sleeps in the kernel), 0 for none
@@ -24,11 +28,11 @@ import struct
 
 # Raised whenever a message's layout changes. A server writes it into its machine.json and its
 # answer to "O"; a client of another version stops with one line instead of misreading replies.
-# 2: the ioctl reply carries "returns at".
-PROTOCOL = 2
+# 2: the ioctl reply carries "returns at". 3: an ioctl and a dispatch carry "made at".
+PROTOCOL = 3
 
 LEN = struct.Struct("<I")
-IOCTL = struct.Struct("<III")
+IOCTL = struct.Struct("<IIIQ")
 REPLY = struct.Struct("<qIIIQ")
 REGION = struct.Struct("<QI")
 
@@ -64,10 +68,10 @@ def unpack_regions(buf, offset, count):
 
 
 def parse_ioctl(body):
-    """An ioctl request's body (after the kind byte): (request, arg, regions)."""
+    """An ioctl request's body (after the kind byte): (request, arg, regions, made at)."""
     if len(body) < IOCTL.size:
         raise ProtocolError(f"ioctl header cut short: {len(body)} of {IOCTL.size} bytes")
-    request, arg_len, n_regions = IOCTL.unpack_from(body)
+    request, arg_len, n_regions, made_at = IOCTL.unpack_from(body)
     offset = IOCTL.size
     if offset + arg_len > len(body):
         raise ProtocolError(f"ioctl argument of {arg_len} bytes announced, {len(body) - offset} sent")
@@ -75,7 +79,7 @@ def parse_ioctl(body):
     regions, end = unpack_regions(body, offset + arg_len, n_regions)
     if end != len(body):
         raise ProtocolError(f"{len(body) - end} bytes after the ioctl's last region")
-    return request, arg, regions
+    return request, arg, regions, made_at
 
 
 def parse_json_object(body, what):

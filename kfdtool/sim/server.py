@@ -40,6 +40,7 @@ from pathlib import Path
 from ..pids import ExitWatch, alive
 from ..selectloop import ConnectionLoop
 from ..ratelog import RateLimitedLog
+from . import clock
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
@@ -300,23 +301,36 @@ class SimServer(ConnectionLoop):
         super()._watch(conn)
 
     def _handle(self, conn, payload, sender):
-        """One request; `sender` is (pid, uid) of the process that wrote it."""
+        """One request; `sender` is (pid, uid) of the process that wrote it. An ioctl or a dispatch
+        is applied at the moment its caller made it, as far as the model allows (clock.py)."""
         kind, body = payload[:1], payload[1:]
-        if kind == b"O":
-            refusal = self._open(conn, *sender)
-            self._send(conn, json_frame({"error": refusal} if refusal
-                                        else {"ok": True, "pid": conn.opener, "protocol": PROTOCOL}))
-        elif kind == b"I":
-            self._ioctl(conn, sender, *parse_ioctl(body))
-        elif kind == b"C":
-            self._send(conn, json_frame(self._control(conn, parse_control(body))))
+        made_at = 0
+        if kind == b"I":
+            request, arg, regions, made_at = parse_ioctl(body)
         elif kind == b"D":
-            self._doorbell(conn, sender, parse_json_object(body, "doorbell"))
-        elif not kind:
-            raise ProtocolError("an empty message")
-        else:
-            raise ProtocolError(f"unknown message kind {kind!r}")
-        self.execution.replan(time.monotonic_ns())     # the request may have changed what runs
+            msg = parse_json_object(body, "doorbell")
+            if msg.get("op") == "dispatch":
+                made_at = msg.get("at", 0)
+        elif kind not in (b"O", b"C"):
+            raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
+        with clock.applying_at(self._applied_at(made_at)) as at:
+            if kind == b"O":
+                refusal = self._open(conn, *sender)
+                self._send(conn, json_frame({"error": refusal} if refusal
+                                            else {"ok": True, "pid": conn.opener, "protocol": PROTOCOL}))
+            elif kind == b"I":
+                self._ioctl(conn, sender, request, arg, regions)
+            elif kind == b"C":
+                self._send(conn, json_frame(self._control(conn, parse_control(body))))
+            else:
+                self._doorbell(conn, sender, msg)
+            self.execution.replan(at)     # the request may have changed what runs
+
+    def _applied_at(self, made_at):
+        """When a request made at `made_at` takes effect (clock.applied_at): the model never goes back
+        past a moment any device was played to."""
+        played = max((c.last_ns for c in self.execution.clocks.values()), default=0)
+        return clock.applied_at(made_at, played, time.monotonic_ns())
 
     # --- replies ------------------------------------------------------------------------------
     def _send(self, conn, data, fds=()):
@@ -418,7 +432,7 @@ class SimServer(ConnectionLoop):
             # doorbells go on meanwhile, as user-mode queues do on the real device. The reply goes
             # now and says when the call returns: the caller's side sleeps until then (no wake
             # timer of ours adds its lateness to the modelled time).
-            returns_at = max(time.monotonic_ns(), self.dqm_free_ns) + int(cost.total_s * 1e9)
+            returns_at = max(clock.now_ns(), self.dqm_free_ns) + int(cost.total_s * 1e9)
             self.dqm_free_ns = returns_at
         self._reply(conn, ret, out, mem.copied_to_user, returns_at)
 
@@ -475,7 +489,7 @@ class SimServer(ConnectionLoop):
         q = proc.queues.get(qid) if proc is not None and isinstance(qid, int) else None
         if q is None:
             return self._send(conn, json_frame({"error": f"pid {conn.opener} has no queue {qid!r:.30}"}))
-        now = time.monotonic_ns()
+        now = clock.now_ns()                # a dispatch: when it was rung (_handle)
         if op == "dispatch":
             try:
                 dispatched = self.execution.dispatch(proc, q, msg.get("kernels"), now)

@@ -1,9 +1,9 @@
 """State of the simulated KFD: processes, queues, buffer objects (kfd_priv.h's structures, trimmed)."""
 import collections
-import time
 from dataclasses import dataclass, field
 
 from ..ioctls import constants as c
+from . import clock
 
 
 @dataclass
@@ -54,7 +54,7 @@ class SimQueue:
 
     def sync_progress(self, now_ns=None):
         """Account work done since the last state change; call before and after every change."""
-        now_ns = now_ns if now_ns is not None else time.monotonic_ns()
+        now_ns = now_ns if now_ns is not None else clock.now_ns()
         resume_at = now_ns
         if self.mapped_since_ns is not None:
             self.progress_ns += max(0, now_ns - self.mapped_since_ns)

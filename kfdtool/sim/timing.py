@@ -13,6 +13,8 @@ running on an HWS device (execution.py) stalls for that long too, with or withou
 import time
 from dataclasses import dataclass
 
+from . import clock
+
 # Memory bandwidth per device model, bytes/s. MI300X: 5.3 TB/s HBM3 (AMD product page); the
 # MI308X and MI210 values are their product pages' peak numbers (MI210: 1.6 TB/s).
 HBM_BANDWIDTH = {29857: 5.3e12, 29858: 5.3e12, 29711: 1.6e12}     # device_id -> B/s
@@ -87,7 +89,7 @@ class TimingModel:
         """Waves still resident after the grace period are saved to the CWSR area (or drained
         when CWSR is off). Waves finish at a steady rate, so the grace period drains a share."""
         if self.catch_up is not None:     # the waves on slots at this moment, not at the last look
-            self.catch_up(dev.gpu_id, time.monotonic_ns())
+            self.catch_up(dev.gpu_id, clock.now_ns())
         grace = self.grace_seconds(dev, grace_period)
         self.pending.grace_s = max(self.pending.grace_s, grace)
         waves = q.resident_waves
@@ -121,8 +123,8 @@ class TimingModel:
                    if q.mapped_since_ns is not None and self.kfd.devices[q.gpu_id] in devices]
         for q in stalled:
             q.sync_progress()
+        now = clock.now_ns()                   # the moment the request is applied at (clock.py)
         if self.on_stall is not None and cost.total_s > 0:
-            now = time.monotonic_ns()
             for dev in devices:                # the device's work stalls, realtime or not
                 self.on_stall(dev.gpu_id, cost.total_s, now)
         if self.realtime and block and cost.total_s > 0:
@@ -132,8 +134,8 @@ class TimingModel:
                 if left <= 0:
                     break
                 time.sleep(left if left > 2e-3 else 0)
-        now = time.monotonic_ns()
-        stall_end = now if block or not self.realtime else now + int(cost.total_s * 1e9)
+        # from the moment applied at, not from after the sleep above: that moment may be earlier
+        stall_end = now + int(cost.total_s * 1e9) if self.realtime else now
         for q in stalled:
             if q.mapped_since_ns is not None:
                 q.mapped_since_ns = stall_end          # the stall is not progress
