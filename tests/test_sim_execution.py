@@ -462,3 +462,59 @@ def test_a_dispatch_runs_from_the_moment_its_doorbell_was_rung_not_from_when_the
     dispatch_stamped(hip, stamped.queue_id, [[100_000.0, 8]], at=time.monotonic_ns() - 10_000_000_000)
     assert 70_000 < queue_state(sim, os.getpid(), stamped.queue_id)["head_remaining_us"] <= 80_500
     hip.doorbell("wait", qid=stamped.queue_id, count=3)
+
+
+def test_an_ioctl_takes_effect_when_it_was_made_a_suspend_stops_the_waves_then(sim, workers, monkeypatch):
+    """The motivation: a SUSPEND_QUEUES that waited for the server stops the target's waves at the
+    moment the debugger made the call, not when the server's one thread got to it."""
+    import kfdtool.sim.client as sim_client
+    worker = workers(device=28, work_us=300_000)
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, worker.pid) as mech:
+            mech.queues()                               # the snapshot now: suspend() makes one ioctl
+            time.sleep(0.02)
+            before = queue_state(sim, worker.pid, worker.qid)["head_remaining_us"]   # the model played to now
+            time.sleep(0.03)
+            real = sim_client.made_at_ns
+            monkeypatch.setattr(sim_client, "made_at_ns", lambda: real() - 20_000_000)   # made 20 ms before it is sent
+            assert [o.outcome for o in mech.suspend([worker.qid]).outcomes] == ["suspended"]
+            monkeypatch.setattr(sim_client, "made_at_ns", real)
+            ran_ms = (before - queue_state(sim, worker.pid, worker.qid)["head_remaining_us"]) / 1000
+            assert ran_ms < 22                          # ~10 ms: stopped 20 ms before the ~30 ms since `before`
+            mech.resume([worker.qid])
+    finally:
+        kfd.close()
+
+
+def test_a_backdated_dispatch_is_never_applied_before_a_request_handled_earlier(sim_dir):
+    """A doorbell rung while its queue was inactive (UPDATE_QUEUE 0 %) but handled after the queue
+    was made active again must not run in the inactive interval. On MES a reactivation costs no
+    remap, so no device's model is played to it: the order handled is the floor."""
+    import kfdtool.ioctls.structs as s
+    from kfdtool.sim import runner
+    composite = start("composite")
+    hip = SimHip("composite")
+    try:
+        gpus = list(hip.rt.topology.for_each_gpu())
+        mes = next(i for i, n in enumerate(gpus) if n.gfx_target_version >= 110000)
+        st = warm_stream(hip, mes)
+        with composite.control() as ctl:
+            q = next(x for x in ctl("queues", pid=os.getpid())["queues"] if x["qid"] == st.queue_id)
+
+        def update(percent):
+            hip._kfd.ioctl("UPDATE_QUEUE", s.kfd_ioctl_update_queue_args(q["ring_base"], q["qid"], q["ring_size"],
+                                                                          percent, 7))
+        update(0)
+        time.sleep(0.03)
+        rung = time.monotonic_ns()                      # rung now, while the queue is inactive ...
+        time.sleep(0.01)
+        update(100)                                     # ... and handled only after it is active again
+        dispatch_stamped(hip, st.queue_id, [[30_000.0, 8]], at=rung)
+        with composite.control() as ctl:
+            left = next(x for x in ctl("queues", pid=os.getpid())["queues"] if x["qid"] == st.queue_id)
+        assert left["head_remaining_us"] > 25_000       # not ~20 ms: none of it ran while inactive
+        hip.doorbell("wait", qid=st.queue_id, count=2)
+    finally:
+        hip.close()
+        runner.stop("composite")                        # other tests start it with another ABI

@@ -200,7 +200,7 @@ class SimBackend:
         self._channel().collect()             # posted doorbells first: their replies come before ours
         try:
             # a server that stopped: no errno of a real ioctl says that (EPIPE would pass for the kernel's)
-            made_at = time.monotonic_ns()         # the syscall: the server applies the call as of then
+            made_at = made_at_ns()                # the syscall: the server applies the call as of then
             self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions), made_at) + raw
                                     + pack_regions(regions)))
             reply, fds = recv_frame(self.sock, with_fds=True)
@@ -250,8 +250,15 @@ class SimBackend:
         return bytes.fromhex(data) if data else None
 
 
+def made_at_ns():
+    """The moment a call or doorbell write is made (CLOCK_MONOTONIC, the server's clock): the
+    server applies it as of then (kfdtool/sim/clock.py)."""
+    return time.monotonic_ns()
+
+
 def _doorbell_message(op, fields):
-    """A doorbell request; a dispatch says when it was rung (the server applies it as of then)."""
+    """A doorbell request. A dispatch says when it was rung, stamped as the channel writes it (after
+    any wait for earlier replies): the server applies it as of then."""
     if op == "dispatch":
-        fields = {**fields, "at": time.monotonic_ns()}
+        return lambda: b"D" + json.dumps({"op": op, **fields, "at": made_at_ns()}).encode()
     return b"D" + json.dumps({"op": op, **fields}).encode()

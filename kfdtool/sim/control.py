@@ -61,6 +61,10 @@ class Channel:
             raise SimulatorError(refusal)
 
     def _send(self, payload):
+        """`payload`: the bytes, or a function that makes them right before the write (a message
+        that says when it was sent, a dispatch's "at", is stamped after any wait for replies)."""
+        if callable(payload):
+            payload = payload()
         try:
             self.sock.sendall(frame(payload))
         except OSError as e:

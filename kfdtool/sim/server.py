@@ -161,6 +161,7 @@ class SimServer(ConnectionLoop):
         self.blocked = []             # Sleeper: calls that sleep
         self.backlog = {}             # connections with a whole request waiting, in turn order
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
+        self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
         self.running = True
         self.opens = 0                # /dev/kfd opens since start (read-only tools must not add any)
         self.socket_path = self.dir / "kfd.sock"
@@ -304,16 +305,17 @@ class SimServer(ConnectionLoop):
         """One request; `sender` is (pid, uid) of the process that wrote it. An ioctl or a dispatch
         is applied at the moment its caller made it, as far as the model allows (clock.py)."""
         kind, body = payload[:1], payload[1:]
-        made_at = 0
+        made_at, changes = 0, True         # `changes`: may change what runs (not a query, not a wait)
         if kind == b"I":
             request, arg, regions, made_at = parse_ioctl(body)
         elif kind == b"D":
             msg = parse_json_object(body, "doorbell")
-            if msg.get("op") == "dispatch":
+            changes = msg.get("op") == "dispatch"
+            if changes:
                 made_at = msg.get("at", 0)
         elif kind not in (b"O", b"C"):
             raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
-        with clock.applying_at(self._applied_at(made_at)) as at:
+        with clock.applying_at(self._applied_at(made_at, changes)) as at:
             if kind == b"O":
                 refusal = self._open(conn, *sender)
                 self._send(conn, json_frame({"error": refusal} if refusal
@@ -326,11 +328,16 @@ class SimServer(ConnectionLoop):
                 self._doorbell(conn, sender, msg)
             self.execution.replan(at)     # the request may have changed what runs
 
-    def _applied_at(self, made_at):
-        """When a request made at `made_at` takes effect (clock.applied_at): the model never goes back
-        past a moment any device was played to."""
+    def _applied_at(self, made_at, changes):
+        """When a request made at `made_at` takes effect (clock.applied_at): never before a moment any
+        device was played to (the model does not go back), nor before a request handled earlier
+        that may have changed what runs (a reactivation on MES plays no device), so those are
+        applied in the order handled."""
         played = max((c.last_ns for c in self.execution.clocks.values()), default=0)
-        return clock.applied_at(made_at, played, time.monotonic_ns())
+        at = clock.applied_at(made_at, max(played, self.changed_at_ns), time.monotonic_ns())
+        if changes:
+            self.changed_at_ns = at
+        return at
 
     # --- replies ------------------------------------------------------------------------------
     def _send(self, conn, data, fds=()):
@@ -514,10 +521,10 @@ class SimServer(ConnectionLoop):
             return not proc.alive or proc.queues.get(q.qid) is not q
 
         def ready():
-            return gone() or self.execution.completed(q, time.monotonic_ns()) >= count
+            return gone() or self.execution.completed(q, clock.now_ns()) >= count
 
         def respond():
-            if self.execution.completed(q, time.monotonic_ns()) >= count:
+            if self.execution.completed(q, clock.now_ns()) >= count:
                 reply = {"ok": True, "completed": q.completed}
             else:
                 reply = {"error": f"queue {q.qid} of pid {proc.pid} was destroyed before completing {count} "
@@ -630,7 +637,7 @@ class SimServer(ConnectionLoop):
     def ctl_queues(self, conn, msg):
         proc = self._proc(msg)
         out = []
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         for q in proc.queues.values():
             self.execution.completed(q, now)
             q.sync_progress()
@@ -653,7 +660,7 @@ class SimServer(ConnectionLoop):
         addr, length = int(msg["addr"]), int(msg["length"])
         for q in proc.queues.values():
             if addr in (q.wptr, q.rptr) and q.wptr != q.rptr and length <= 8:
-                value = q.dispatched if addr == q.wptr else self.execution.completed(q, time.monotonic_ns())
+                value = q.dispatched if addr == q.wptr else self.execution.completed(q, clock.now_ns())
                 return {"data": value.to_bytes(8, "little")[:length].hex()}
         for bo in proc.bos.values():
             if bo.contains(addr):
