@@ -518,3 +518,29 @@ def test_a_backdated_dispatch_is_never_applied_before_a_request_handled_earlier(
     finally:
         hip.close()
         runner.stop("composite")                        # other tests start it with another ABI
+
+
+def test_a_dispatch_is_stamped_as_the_channel_writes_it_after_waiting_for_earlier_replies():
+    """A thread whose channel first reads the replies of its posted doorbells rings the new one only
+    then: its "at" says so (stamped earlier, it would run for the time it spent waiting)."""
+    from kfdtool.sim.client import _doorbell_message
+    from kfdtool.sim.control import Channel
+    from kfdtool.sim.protocol import recv_frame
+    ours, server = socket.socketpair()
+    channel = Channel.__new__(Channel)
+    channel.sock, channel.unanswered = ours, 1            # one posted doorbell not answered yet
+    seen = []
+
+    def answer():
+        time.sleep(0.03)                                  # the posted one is answered 30 ms from now
+        server.sendall(frame(b'J{"ok": true}'))
+        seen.append(json.loads(recv_frame(server)[0][1:]))
+        server.sendall(frame(b'J{"ok": true}'))
+    thread = threading.Thread(target=answer)
+    thread.start()
+    made = time.monotonic_ns()
+    channel.call_json(_doorbell_message("dispatch", {"qid": 1, "kernels": [[1.0, 1]]}))
+    thread.join(5)
+    ours.close()
+    server.close()
+    assert seen and seen[0]["op"] == "dispatch" and seen[0]["at"] - made >= 25_000_000
