@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..pids import ExitWatch, alive
@@ -306,26 +307,26 @@ class SimServer(ConnectionLoop):
         is applied at the moment its caller made it, as far as the model allows (clock.py)."""
         kind, body = payload[:1], payload[1:]
         made_at, changes = 0, True         # `changes`: may change what runs (not a query, not a wait)
-        if kind == b"I":
-            request, arg, regions, made_at = parse_ioctl(body)
-        elif kind == b"D":
-            msg = parse_json_object(body, "doorbell")
-            changes = msg.get("op") == "dispatch"
-            if changes:
-                made_at = msg.get("at", 0)
-        elif kind not in (b"O", b"C"):
-            raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
-        with clock.applying_at(self._applied_at(made_at, changes)) as at:
-            if kind == b"O":
+        if kind == b"O":
+            def act():
                 refusal = self._open(conn, *sender)
                 self._send(conn, json_frame({"error": refusal} if refusal
                                             else {"ok": True, "pid": conn.opener, "protocol": PROTOCOL}))
-            elif kind == b"I":
-                self._ioctl(conn, sender, request, arg, regions)
-            elif kind == b"C":
+        elif kind == b"I":
+            request, arg, regions, made_at = parse_ioctl(body)
+            act = partial(self._ioctl, conn, sender, request, arg, regions)
+        elif kind == b"C":
+            def act():
                 self._send(conn, json_frame(self._control(conn, parse_control(body))))
-            else:
-                self._doorbell(conn, sender, msg)
+        elif kind == b"D":
+            msg = parse_json_object(body, "doorbell")
+            changes = msg.get("op") == "dispatch"
+            made_at = msg.get("at", 0) if changes else 0
+            act = partial(self._doorbell, conn, sender, msg)
+        else:
+            raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
+        with clock.applying_at(self._applied_at(made_at, changes)) as at:
+            act()
             self.execution.replan(at)     # the request may have changed what runs
 
     def _applied_at(self, made_at, changes):
@@ -333,8 +334,10 @@ class SimServer(ConnectionLoop):
         device was played to (the model does not go back), nor before a request handled earlier
         that may have changed what runs (a reactivation on MES plays no device), so those are
         applied in the order handled."""
-        played = max((c.last_ns for c in self.execution.clocks.values()), default=0)
-        at = clock.applied_at(made_at, max(played, self.changed_at_ns), time.monotonic_ns())
+        floor = self.changed_at_ns
+        if made_at:                        # only a stamp needs how far the model was played (a scan of the devices)
+            floor = max(floor, max((c.last_ns for c in self.execution.clocks.values()), default=0))
+        at = clock.applied_at(made_at, floor, time.monotonic_ns())
         if changes:
             self.changed_at_ns = at
         return at
