@@ -10,6 +10,7 @@ A backend is any object with
     fd                          the descriptor user space would pass on (DBG_TRAP ENABLE's dbg_fd)
     ioctl(request, arg)         like fcntl.ioctl(fd, request, arg, True): fills `arg` in place,
                                 returns the ioctl's value, raises OSError with the kernel's errno
+    ioctls([(request, arg)])    several, made back to back as a loop makes them: [value or OSError]
     read_memory(pid, addr, n)   n bytes of process `pid`'s memory at `addr`, or None if unreadable
                                 (the CWSR header the kernel writes into a suspended queue's area)
     close()
@@ -21,7 +22,7 @@ import errno
 import fcntl
 import os
 
-from .errors import NotSupported, ioctl_error
+from .errors import KfdIoctlError, NotSupported, ioctl_error
 from .ioctls import constants as c
 from .ioctls import structs as s
 from .ioctls.history import KfdAbi
@@ -55,6 +56,15 @@ class OsBackend:
 
     def ioctl(self, request, arg):
         return fcntl.ioctl(self.fd, request, arg, True)
+
+    def ioctls(self, calls):
+        results = []
+        for request, arg in calls:
+            try:
+                results.append(fcntl.ioctl(self.fd, request, arg, True))
+            except OSError as e:
+                results.append(e)
+        return results
 
     def read_memory(self, pid, addr, length):
         """/proc/<pid>/mem: needs ptrace access to `pid` (we hold it while debugging it)."""
@@ -115,9 +125,7 @@ class KfdDevice:
         if not self.abi.supports(name):
             raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
         request = self.abi.request(name)
-        op_name = None
-        if name == "DBG_TRAP":
-            op_name = c.kfd_dbg_trap_operations(arg.op).name.removeprefix("KFD_IOC_DBG_TRAP_")
+        op_name = _op_name(name, arg)
         eagain_left = 0 if (name, op_name) in _EAGAIN_IS_ANSWER else EAGAIN_RETRIES
         while True:
             try:
@@ -130,6 +138,32 @@ class KfdDevice:
                     continue
                 raise ioctl_error(name, e.errno, op_name) from None
 
+    def ioctls(self, calls):
+        """AMDKFD_IOC_<name> on each (name, arg) of `calls`, made back to back as one thread makes
+        them in a loop (each returns before the next starts: the kernel serialises such calls on
+        its locks anyway), in one round trip where the backend can (a simulated KFD). Returns
+        [value or KfdIoctlError] in order: one call's error does not stop the others. A call
+        interrupted or told to try again is made again by itself, as `ioctl` would."""
+        for name, _ in calls:
+            if not self.abi.supports(name):
+                raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
+        answers = self.backend.ioctls([(self.abi.request(name), arg) for name, arg in calls])
+        results = []
+        for (name, arg), answer in zip(calls, answers):
+            if isinstance(answer, OSError):
+                op_name = _op_name(name, arg)
+                again = answer.errno == errno.EINTR or (answer.errno == errno.EAGAIN
+                                                        and (name, op_name) not in _EAGAIN_IS_ANSWER)
+                if not again:
+                    answer = ioctl_error(name, answer.errno, op_name)
+                else:
+                    try:
+                        answer = self.ioctl(name, arg)
+                    except KfdIoctlError as e:
+                        answer = e
+            results.append(answer)
+        return results
+
     def raw_ioctl(self, request, arg, name="UNKNOWN"):
         """An ioctl by request number (probing patched-driver extensions)."""
         try:
@@ -139,34 +173,48 @@ class KfdDevice:
 
     def dbg_trap(self, op, pid, member=None, **fields):
         """DBG_TRAP `op` (e.g. "SUSPEND_QUEUES") on `pid`, filling the union member's fields.
-        A misspelt op, member or field is refused before anything reaches the kernel: a field
-        silently left zero would change what the ioctl does."""
-        arg = s.kfd_ioctl_dbg_trap_args()
-        try:
-            arg.op = c.kfd_dbg_trap_operations[f"KFD_IOC_DBG_TRAP_{op}"]
-        except KeyError:
-            raise ValueError(f"DBG_TRAP has no operation {op!r}") from None
-        arg.pid = pid
-        if member is None:
-            if fields:
-                raise TypeError(f"DBG_TRAP {op}: fields {', '.join(sorted(fields))} given without a union member")
-        else:
-            members = [f[0] for f in type(arg._u)._fields_]
-            if member not in members:
-                raise ValueError(f"DBG_TRAP {op}: the argument union has no member {member!r} "
-                                 f"(members: {', '.join(members)})")
-            if member != DBG_TRAP_MEMBER_OF_OP.get(op):
-                # the kernel reads the op's own member: another one's fields would land on it
-                expected = DBG_TRAP_MEMBER_OF_OP.get(op)
-                raise ValueError(f"DBG_TRAP {op} takes " + (f"the union member {expected!r}" if expected
-                                 else "no union member") + f", not {member!r}")
-            target = getattr(arg, member)
-            known = [f[0] for f in target._fields_]
-            unknown = sorted(set(fields) - set(known))
-            if unknown:
-                raise TypeError(f"DBG_TRAP {op}: {type(target).__name__} has no field {unknown[0]!r} "
-                                f"(fields: {', '.join(known)})")
-            for key, value in fields.items():
-                setattr(target, key, value)
-        ret = self.ioctl("DBG_TRAP", arg)
-        return ret, arg
+        Returns (the ioctl's value, the argument as the kernel left it)."""
+        arg = dbg_trap_args(op, pid, member, **fields)
+        return self.ioctl("DBG_TRAP", arg), arg
+
+
+def dbg_trap_args(op, pid, member=None, **fields):
+    """The argument of DBG_TRAP `op` on `pid`, the union member's fields filled (for
+    `KfdDevice.dbg_trap`, or several calls made back to back with `KfdDevice.ioctls`). A
+    misspelt op, member or field is refused before anything reaches the kernel: a field
+    silently left zero would change what the ioctl does."""
+    arg = s.kfd_ioctl_dbg_trap_args()
+    try:
+        arg.op = c.kfd_dbg_trap_operations[f"KFD_IOC_DBG_TRAP_{op}"]
+    except KeyError:
+        raise ValueError(f"DBG_TRAP has no operation {op!r}") from None
+    arg.pid = pid
+    if member is None:
+        if fields:
+            raise TypeError(f"DBG_TRAP {op}: fields {', '.join(sorted(fields))} given without a union member")
+    else:
+        members = [f[0] for f in type(arg._u)._fields_]
+        if member not in members:
+            raise ValueError(f"DBG_TRAP {op}: the argument union has no member {member!r} "
+                             f"(members: {', '.join(members)})")
+        if member != DBG_TRAP_MEMBER_OF_OP.get(op):
+            # the kernel reads the op's own member: another one's fields would land on it
+            expected = DBG_TRAP_MEMBER_OF_OP.get(op)
+            raise ValueError(f"DBG_TRAP {op} takes " + (f"the union member {expected!r}" if expected
+                             else "no union member") + f", not {member!r}")
+        target = getattr(arg, member)
+        known = [f[0] for f in target._fields_]
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise TypeError(f"DBG_TRAP {op}: {type(target).__name__} has no field {unknown[0]!r} "
+                            f"(fields: {', '.join(known)})")
+        for key, value in fields.items():
+            setattr(target, key, value)
+    return arg
+
+
+def _op_name(name, arg):
+    """A DBG_TRAP call's operation, as error messages name it (SUSPEND_QUEUES); None for others."""
+    if name != "DBG_TRAP":
+        return None
+    return c.kfd_dbg_trap_operations(arg.op).name.removeprefix("KFD_IOC_DBG_TRAP_")

@@ -90,13 +90,14 @@ def test_queue_snapshot_takes_one_call_and_still_finds_every_new_queue(sim):
     appeared, and when more appeared than it had room for, every one of them still listed and
     suspendable (EC_QUEUE_NEW cleared on all)."""
     from kfdtool.cwsr.debugtrap import SNAPSHOT_SPARE
+    from kfdtool.device import _op_name
     cl = Client(sim)
     try:
         first = [cl.rt.create_queue(cl.gpus[0]) for _ in range(2)]
         with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
             calls = []
-            dbg_trap = cl.kfd.dbg_trap
-            cl.kfd.dbg_trap = lambda op, *a, **k: calls.append(op) or dbg_trap(op, *a, **k)
+            ioctl = cl.kfd.ioctl               # every DBG_TRAP call, however it was built, goes through it
+            cl.kfd.ioctl = lambda name, arg, *a: calls.append(_op_name(name, arg)) or ioctl(name, arg, *a)
             assert sorted(e.queue_id for e in mech.queues()) == sorted(first)
             assert calls == ["GET_QUEUE_SNAPSHOT"]
             later = [cl.rt.create_queue(cl.gpus[0]) for _ in range(SNAPSHOT_SPARE + 5)]
@@ -592,3 +593,42 @@ def test_debugging_a_process_that_never_opened_kfd_makes_it_none(sim):
         kfd.close()
         sleeper.kill()
         sleeper.wait()
+
+
+def test_calls_made_back_to_back_answer_as_made_one_by_one_in_one_round_trip(sim):
+    """A daemon preempting several processes makes their SUSPEND_QUEUES back to back
+    (make_back_to_back): each answers as it would alone, one that fails (a pid nobody debugs)
+    stops none of the others, the simulated KFD takes them in one round trip, and they cost the
+    caller the sum of their modelled costs (each waits for the one before on the DQM lock)."""
+    from kfdtool.cwsr.debugtrap import PreparedCall, make_back_to_back
+    from kfdtool.device import dbg_trap_args
+    victims = [spawn_workload(MACHINE, "victim", queues=2, waves=400) for _ in range(2)]
+    kfd = KfdDevice(sim.open_kfd())
+    round_trips = []
+    batch = kfd.backend._batch
+    kfd.backend._batch = lambda calls: round_trips.append(len(calls)) or batch(calls)
+    try:
+        with DebugTrapSuspend(kfd, victims[0]) as first, DebugTrapSuspend(kfd, victims[1]) as second:
+            calls = [first.suspend_call(grace_period=1),
+                     PreparedCall(dbg_trap_args("SUSPEND_QUEUES", os.getpid(), "suspend_queues"), lambda: None),
+                     second.suspend_call(grace_period=1)]
+            began = time.monotonic()
+            done = make_back_to_back(kfd, calls)
+            took = time.monotonic() - began
+            with sim.control() as ctl:
+                cost = ctl("last_cost")              # the second suspend's (the same work as the first's)
+            one_call_s = cost["remap_s"] + cost["grace_s"] + cost["save_s"]
+            assert round_trips == [3]
+            assert [o.outcome for o in done[0].outcomes] == ["suspended"] * 2
+            assert isinstance(done[1], errors.KfdIoctlError)           # this process is nobody's debuggee
+            assert [o.outcome for o in done[2].outcomes] == ["suspended"] * 2
+            assert not any(q["active"] for v in victims for q in states(sim, v).values())
+            assert took >= 2 * one_call_s > 0
+            resumed = make_back_to_back(kfd, [first.resume_call(), second.resume_call()])
+            assert [[o.outcome for o in r.outcomes] for r in resumed] == [["resumed"] * 2] * 2
+            assert round_trips == [3, 2]
+            assert all(q["active"] for v in victims for q in states(sim, v).values())
+    finally:
+        kfd.close()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)

@@ -18,7 +18,8 @@ from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.requests import BY_NAME
 from kfdtool.sim.client import SimBackend
 from kfdtool.sim.control import SimControl
-from kfdtool.sim.protocol import IOCTL, LEN, MAX_FRAME_BYTES, PROTOCOL, REGION, REPLY, frame, recv_frame
+from kfdtool.sim.protocol import (IOCTL, LEN, MAX_BATCH_CALLS, MAX_FRAME_BYTES, PROTOCOL, REGION, REPLY, frame,
+                                  pack_items, recv_frame)
 from kfdtool.ratelog import RateLimitedLog
 
 GET_VERSION = BY_NAME["GET_VERSION"].request()
@@ -108,6 +109,12 @@ MALFORMED = {
     "region-longer-than-frame": frame(ioctl_body(b"\0" * 8, [(0x1000, 1 << 20, b"abc")])),
     "region-count-absurd": frame(ioctl_body(b"\0" * 8, n_regions=0xFFFFFFFF)),
     "bytes-after-regions": frame(ioctl_body(b"\0" * 8) + b"junk"),
+    "batch-of-none": frame(b"B" + LEN.pack(0)),
+    "batch-over-its-limit": frame(b"B" + pack_items([ioctl_body(b"\0" * 8)[1:]] * (MAX_BATCH_CALLS + 1))),
+    "batch-count-absurd": frame(b"B" + LEN.pack(0xFFFFFFFF)),
+    "batch-item-cut": frame(b"B" + pack_items([ioctl_body(b"\0" * 8)[1:]])[:-3]),
+    "batch-item-malformed": frame(b"B" + pack_items([ioctl_body(b"\0" * 8)[1:], b"\x01\x02"])),
+    "batch-bytes-after-items": frame(b"B" + pack_items([ioctl_body(b"\0" * 8)[1:]]) + b"junk"),
     "empty-message": frame(b""),
     "unknown-kind": frame(b"Zhello"),
     "oversized-frame": LEN.pack(MAX_FRAME_BYTES + 1) + b"C",
@@ -162,7 +169,8 @@ def test_fuzzed_framing_from_several_connections_leaves_the_server_serving(serve
     well-formed GET_VERSION on a new connection is answered."""
     srv = server()
     rng = random.Random(9)
-    valid = [frame(ioctl_body(bytes(8))), frame(b"O"), frame(b'C{"op": "status"}')]
+    valid = [frame(ioctl_body(bytes(8))), frame(b"O"), frame(b'C{"op": "status"}'),
+             frame(b"B" + pack_items([ioctl_body(bytes(8))[1:]] * 3))]
 
     def fuzz_frame():
         choice = rng.randrange(6)
@@ -179,7 +187,7 @@ def test_fuzzed_framing_from_several_connections_leaves_the_server_serving(serve
         if choice == 3:                                      # a length header out of range
             return LEN.pack(rng.randrange(MAX_FRAME_BYTES, 1 << 32)) + rng.randbytes(16)
         if choice == 4:                                      # a valid header, a random payload
-            payload = rng.choice([b"I", b"C", b"O", b"R", b"J"]) + rng.randbytes(rng.randrange(0, 64))
+            payload = rng.choice([b"I", b"B", b"C", b"O", b"R", b"M", b"J"]) + rng.randbytes(rng.randrange(0, 64))
             return frame(payload)
         return rng.choice(valid)                             # well-formed, amid the noise
 

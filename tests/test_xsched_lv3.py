@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kfdtool.cwsr.debugtrap import PreparedCall
 from kfdtool.cwsr.holds import suspended_by
 from kfdtool.ioctls.constants import kfd_dbg_runtime_state
 from kfdtool.sysfs import SysfsRoot
@@ -265,6 +266,13 @@ class FakeMechanism:
 
     def resume(self, qids=None):
         FakeMechanism.calls.append(("resume", self.pid))
+
+    # what the engine makes: nothing to send to a KFD, the work done when "made"
+    def suspend_call(self, qids=None, grace_period=None):
+        return PreparedCall(None, lambda: self.suspend(qids, grace_period))
+
+    def resume_call(self, qids=None):
+        return PreparedCall(None, lambda: self.resume(qids))
 
     def queues(self, clear_new=True):
         self.snapshot = list(FakeMechanism.live_queues)
@@ -521,37 +529,43 @@ def test_an_hp_whose_requests_are_far_apart_gets_its_lp_resumed_at_once(fake_eng
     engine.close()
 
 
-def test_the_lower_clients_are_suspended_all_at_once(fake_engine, monkeypatch):
-    """SUSPEND_QUEUES names one process, so three lower clients take three calls: they are in
-    flight together (a barrier that only three concurrent calls pass), so the HP waits for the
-    slowest, not for the sum of their round trips; and all three are resumed once it is idle."""
-    import threading
+def test_the_lower_clients_are_suspended_back_to_back_in_one_round_trip(fake_engine, monkeypatch):
+    """SUSPEND_QUEUES names one process, so three lower clients take three calls: prepared first,
+    then made back to back through one KfdDevice.ioctls (one round trip to a simulated KFD, where
+    threads cost each call a wake-up), and all three are resumed the same way once it is idle."""
     board, make_engine, hp_proc, lp_proc = fake_engine
     others = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
-    try:
-        together = threading.Barrier(3, timeout=5)
-        fake_suspend = FakeMechanism.suspend
+    rounds = []
 
-        def suspend(self, qids=None, grace_period=None):
-            together.wait()             # BrokenBarrierError unless all three calls are in flight
-            return fake_suspend(self, qids, grace_period)
+    class Kfd:
+        def ioctls(self, calls):
+            rounds.append([arg for _, arg in calls])
+            return [0] * len(calls)
+
+    def call(op):
+        def prepare(self, qids=None, grace_period=None):
+            done = getattr(FakeMechanism, op)
+            return PreparedCall((op, self.pid), lambda: done(self, qids) if op == "resume" else
+                                done(self, qids, grace_period))
+        return prepare
+    monkeypatch.setattr(FakeMechanism, "suspend_call", call("suspend"))
+    monkeypatch.setattr(FakeMechanism, "resume_call", call("resume"))
+    try:
         hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
         lps = [board.allocate(p.pid, 0, 0, DEVICE) for p in (lp_proc, *others)]
+        lp_pids = sorted(p.pid for p in (lp_proc, *others))
         engine = make_engine()
+        engine.host.kfd = Kfd()
         engine.sync(now=100.0)
-        monkeypatch.setattr(FakeMechanism, "suspend", suspend)
         board.set_active(hp, True)
         engine.sync(now=100.001)
         assert all(engine.clients[lp].suspended_at is not None for lp in lps)
-        assert sorted(pid for op, pid in FakeMechanism.calls if op == "suspend") == \
-            sorted(p.pid for p in (lp_proc, *others))
-        assert not together.broken
+        assert len(rounds) == 1 and sorted(pid for op, pid in rounds[0] if op == "suspend") == lp_pids
         board.set_active(hp, False)
         engine.sync(now=200.0)          # idle: the resumes are due after the hysteresis
         engine.sync(now=201.0)
         assert all(engine.clients[lp].suspended_at is None for lp in lps)
-        assert sorted(pid for op, pid in FakeMechanism.calls if op == "resume") == \
-            sorted(p.pid for p in (lp_proc, *others))
+        assert len(rounds) == 2 and sorted(pid for op, pid in rounds[1] if op == "resume") == lp_pids
         engine.close()
     finally:
         for proc in others:

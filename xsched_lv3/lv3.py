@@ -17,9 +17,11 @@ HWS reality (kfd_device_queue_manager.c: suspend_queues and resume_queues end in
 execute_queues_cpsch): every suspend and every resume unmaps and remaps *all* queues of the device,
 the high-priority client's included, so each one stalls everybody for a remap. Hence:
   * one SUSPEND_QUEUES per client, all its queues in one call (the ioctl names one target pid, so
-    several clients cannot share a call), and the calls for several clients issued at once, from
-    threads: they queue for each other only on the kernel's DQM lock, not behind each other's
-    system-call round trips (`ParallelCalls`);
+    several clients cannot share a call), and the calls for several clients made back to back,
+    before any bookkeeping (`make_back_to_back`): the kernel makes each wait for the one before on
+    its DQM lock through the remap, so threads would gain nothing on a real KFD, and on a
+    simulated one they cost each call a thread's wake-up (p50 0.4 ms apart for three on a busy
+    2-vCPU host) where one round trip carries them all;
   * hysteresis: after the higher-priority client goes idle, a suspended client either is resumed at
     once or stays suspended for as long as its last suspend plus resume took (measured, per client),
     whichever would have cost less over the last GAP_HISTORY idle gaps of the clients above it (see
@@ -37,10 +39,9 @@ import errno
 import os
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability
+from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability, make_back_to_back
 from kfdtool.cwsr.holds import Hold
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
@@ -70,7 +71,6 @@ RUNTIME_POLL_S = 0.1
 # tens of µs to ms. ESTIMATE, used only to pick the grace period (see grace_period_for).
 WAVE_LIFE_S = 1e-3
 MIN_GRACE = 1                  # 1K GPU clocks: 0 asks for the driver's default, which it forces to 1
-MAX_PARALLEL_CALLS = 8         # SUSPEND/RESUME_QUEUES calls in flight at once (one per client)
 
 
 def grace_period_for(node):
@@ -105,45 +105,12 @@ def _memory_bandwidth(node):
 
 @dataclass
 class Call:
-    """One blocking KFD call made for the engine: when it started, how long it took, and what it
-    returned or raised."""
+    """One KFD call made for the engine: when it started, how long it took, and what it returned
+    or raised."""
     started: float
     took_s: float
     result: object = None
     error: Exception | None = None
-
-
-def timed_call(fn):
-    started = time.monotonic()
-    try:
-        result, error = fn(), None
-    except Exception as e:          # handed back to the engine's thread, which decides
-        result, error = None, e
-    return Call(started, time.monotonic() - started, result, error)
-
-
-class ParallelCalls:
-    """Runs `fn(item)` for every item at once, the first on the calling thread and the rest on a
-    small pool, and returns the `Call`s in order once all have returned. `fn` must not raise (wrap
-    it in `timed_call`). The pool starts with the first batch of more than one call: a daemon that
-    never preempts two clients at once has no threads."""
-
-    def __init__(self, workers=MAX_PARALLEL_CALLS):
-        self.workers = workers
-        self.pool = None
-
-    def map(self, fn, items):
-        if len(items) <= 1:
-            return [fn(item) for item in items]
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="xsched-lv3-kfd")
-        futures = [self.pool.submit(fn, item) for item in items[1:]]
-        return [fn(items[0])] + [f.result() for f in futures]
-
-    def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
 
 
 class Host:
@@ -258,7 +225,6 @@ class Lv3Engine:
         self.clients = {}                  # slot -> Client
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
-        self.calls = ParallelCalls()       # suspends (and resumes) of several clients at once
         self.runtime_poll_at = 0.0         # when to ask the Lv3 clients for runtime events next
 
     # --- the one entry point: read the board, act ------------------------------------------------
@@ -327,8 +293,9 @@ class Lv3Engine:
         # nobody waits on (records, the queue list's refresh) comes after.
         woken_by = ({c.slot: _latest_activation(states, run, slots[c.slot].device) for c in to_suspend}
                     if self.trace is not None else {})     # for the trace only
-        suspends = self.calls.map(self._suspend_call, to_suspend)
-        resumes = self.calls.map(self._resume_call, to_resume)
+        suspends = self._back_to_back(to_suspend, lambda c: c.mech.suspend_call(c.mech.known_queues() or None,
+                                                                              self.host.grace_period))
+        resumes = self._back_to_back(to_resume, lambda c: c.mech.resume_call())
         suspended = [c for c, call in zip(to_suspend, suspends)
                      if self._suspend_took(c, call, now, woken_by.get(c.slot))]
         resumed = [c for c, call in zip(to_resume, resumes) if self._resume_took(c, call)]
@@ -489,10 +456,27 @@ class Lv3Engine:
         c.retry_at = float("inf") if final else now + RETRY_ATTACH_S
 
     # --- suspend / resume ----------------------------------------------------------------------------
-    def _suspend_call(self, c):
-        """One SUSPEND_QUEUES of every queue the last snapshot named (the first time: a snapshot
-        first). On a pool thread: touches nothing but its client's mechanism."""
-        return timed_call(lambda: c.mech.suspend(c.mech.known_queues() or None, self.host.grace_period))
+    def _back_to_back(self, clients, prepare):
+        """One call for each client, `prepare(c)` a PreparedCall of its mechanism, all made back to
+        back (`make_back_to_back`). [Call] in order; each took the time of them all (its queues
+        are suspended, or running again, by the end of it: the hysteresis counts that)."""
+        if not clients:
+            return []
+        started = time.monotonic()
+        prepared, failed = [], {}
+        for c in clients:
+            try:
+                prepared.append(prepare(c))
+            except Exception as e:          # handed to `_call_failed`, which decides (a bug stops Lv3)
+                failed[c.slot] = e
+        made = iter(make_back_to_back(self.host.kfd, prepared))
+        took = time.monotonic() - started
+        calls = []
+        for c in clients:
+            answer = failed[c.slot] if c.slot in failed else next(made)
+            calls.append(Call(started, took, error=answer) if isinstance(answer, Exception)
+                         else Call(started, took, result=answer))
+        return calls
 
     def _suspend_took(self, c, call, now, woken_by=None):
         """True if the suspend took."""
@@ -516,9 +500,6 @@ class Lv3Engine:
         except (OSError, Error) as e:       # (Error: a records directory we may not trust)
             c.hold = None                   # `kfdtool queues` will not name us; the queues are fine
             self.log(f"pid {c.pid}: its hold is not recorded for `kfdtool queues` ({e})")
-
-    def _resume_call(self, c):
-        return timed_call(c.mech.resume)
 
     def _resume_took(self, c, call):
         if call.error is not None:
@@ -593,7 +574,6 @@ class Lv3Engine:
     def close(self):
         for slot in list(self.clients):
             self.forget(slot)
-        self.calls.close()
 
     # --- status --------------------------------------------------------------------------------------
     def describe(self, slot):

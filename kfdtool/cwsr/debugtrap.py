@@ -12,7 +12,8 @@ import errno
 import os
 import weakref
 
-from ..errors import AlreadyDebugged, AttachDenied, KfdIoctlError, NoSuchProcess, NotSupported, ioctl_error
+from ..device import dbg_trap_args
+from ..errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, NotSupported, ioctl_error
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
@@ -45,6 +46,44 @@ def check_grace_period(grace_period):
         raise ValueError(f"grace period {grace_period} does not fit the 8-bit SCH_WAVE field (max {MAX_GRACE}); "
                          f"the driver would use {grace_period & 0xFF}")
     return grace_period
+
+
+class PreparedCall:
+    """One SUSPEND_QUEUES or RESUME_QUEUES of a target, prepared and not yet made, so that those of
+    several targets can be made back to back (`make_back_to_back`). `arg` is None where there is
+    nothing to call. `done()` reads what the kernel wrote and returns the MechanismResult (it may
+    make a call of its own: a retry); `keep` is what the argument points into."""
+
+    def __init__(self, arg, done, keep=None):
+        self.arg, self.done, self.keep = arg, done, keep
+
+    @classmethod
+    def nothing(cls, result):
+        return cls(None, lambda: result)
+
+    def make(self, kfd):
+        """Made by itself: its MechanismResult, or the call's error raised."""
+        if self.arg is not None:
+            kfd.ioctl("DBG_TRAP", self.arg)
+        return self.done()
+
+
+def make_back_to_back(kfd, calls):
+    """Make `calls` (PreparedCalls of mechanisms on `kfd`, one per target) one after another, as a
+    loop does: the kernel makes each SUSPEND/RESUME_QUEUES wait for the one before anyway (it holds
+    the device queue manager's lock through the remap), and a simulated KFD takes them all in one
+    round trip. Returns [MechanismResult or Error] in order: one target's error does not stop
+    the others."""
+    made = [call for call in calls if call.arg is not None]
+    answers = dict(zip(map(id, made), kfd.ioctls([("DBG_TRAP", call.arg) for call in made]) if made else ()))
+    results = []
+    for call in calls:
+        answer = answers.get(id(call))
+        try:
+            results.append(answer if isinstance(answer, Error) else call.done())
+        except Error as e:
+            results.append(e)
+    return results
 
 
 class DebugTrapSuspend(Mechanism):
@@ -182,23 +221,32 @@ class DebugTrapSuspend(Mechanism):
     def suspend(self, qids=None, grace_period=None):
         """One SUSPEND_QUEUES ioctl on the hot path. The snapshot (which also clears EC_QUEUE_NEW)
         is refreshed only when a queue is unknown to it, or the kernel calls one still new."""
+        return self.suspend_call(qids, grace_period).make(self.kfd)
+
+    def suspend_call(self, qids=None, grace_period=None):
+        """`suspend` prepared, not made (see `make_back_to_back`); a snapshot it needs is taken now."""
         grace = check_grace_period(grace_period)
         if qids is None or not self._entries or any(q not in self._entries for q in qids):
             self.queues()
         entries = self._entries
         qids = list(entries) if qids is None else list(qids)
         if not qids:
-            return MechanismResult()
+            return PreparedCall.nothing(MechanismResult())
         notes = []
         if grace_period is not None and self.mes_gpus() & {entries[q].gpu_id for q in qids if q in entries}:
             notes.append(MES_IGNORES_GRACE)
         before = set(self._held)
-        arr = self._suspend_ioctl(qids, grace)
+        arr, arg = self._suspend_args(qids, grace)
+        return PreparedCall(arg, lambda: self._suspended(qids, list(arr), entries, before, notes, grace), arr)
+
+    def _suspended(self, qids, arr, entries, before, notes, grace):
         if any(st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries for q, st in zip(qids, arr)):
             self.queues()                     # clear EC_QUEUE_NEW on queues created since, retry
             entries = self._entries
             retry = [q for q, st in zip(qids, arr) if st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries]
-            for q, st in zip(retry, self._suspend_ioctl(retry, grace)):
+            again, arg = self._suspend_args(retry, grace)
+            self.kfd.ioctl("DBG_TRAP", arg)
+            for q, st in zip(retry, again):
                 arr[qids.index(q)] = st
         outcomes = []
         for qid, status in zip(qids, arr):
@@ -221,11 +269,11 @@ class DebugTrapSuspend(Mechanism):
                 outcomes.append(outcome)
         return MechanismResult(outcomes, notes)
 
-    def _suspend_ioctl(self, qids, grace):
+    def _suspend_args(self, qids, grace):
+        """(the queue array the kernel writes each queue's status into, the ioctl's argument)."""
         arr = (ctypes.c_uint32 * len(qids))(*qids)
-        self.kfd.dbg_trap("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
-                          queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
-        return arr
+        return arr, dbg_trap_args("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
+                                  queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
 
     def _wave_state(self, entry):
         """The header the kernel wrote at the CWSR area on suspend: bytes of control stack and
@@ -239,12 +287,19 @@ class DebugTrapSuspend(Mechanism):
         return header.control_stack_size, header.wave_state_size
 
     def resume(self, qids=None):
+        return self.resume_call(qids).make(self.kfd)
+
+    def resume_call(self, qids=None):
+        """`resume` prepared, not made (see `make_back_to_back`)."""
         qids = sorted(self._held) if qids is None else list(qids)
         if not qids:
-            return MechanismResult()
+            return PreparedCall.nothing(MechanismResult())
         arr = (ctypes.c_uint32 * len(qids))(*qids)
-        self.kfd.dbg_trap("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
-                          num_queues=len(qids))
+        arg = dbg_trap_args("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
+                            num_queues=len(qids))
+        return PreparedCall(arg, lambda: self._resumed(qids, arr), arr)
+
+    def _resumed(self, qids, arr):
         outcomes = []
         for qid, status in zip(qids, arr):
             if status & c.KFD_DBG_QUEUE_ERROR_MASK:

@@ -19,7 +19,8 @@ from ..ioctls import constants as c
 from ..ioctls import structs as s
 from ..ioctls.requests import BY_NR
 from .control import Channel, SimControl
-from .protocol import IOCTL, PROTOCOL, REPLY, frame, pack_regions, recv_frame, unpack_regions
+from .protocol import (IOCTL, MAX_BATCH_CALLS, PROTOCOL, REPLY, ProtocolError, frame, pack_items, pack_regions,
+                       recv_frame, unpack_items, unpack_regions)
 
 OPS = c.kfd_dbg_trap_operations
 EVENT_DATA = ctypes.sizeof(s.kfd_event_data)
@@ -187,40 +188,59 @@ class SimBackend:
     def ioctl(self, request, arg):
         """Like fcntl.ioctl(fd, request, arg, True): fills `arg` in place, returns the ioctl's
         return value, raises OSError with the kernel's errno."""
-        entry = BY_NR.get(ioctl_opt.IOC_NR(request))
-        op = getattr(arg, "op", None) if entry and entry.name == "DBG_TRAP" else None
-        key = (entry.name if entry else None, op)
-        regions = []
-        for path, size in POINTERS.get(key, ()):
-            addr, length = _get(arg, path), size(arg)
-            data = _peek(addr, length) if addr and length else None
-            if data is not None:              # unreadable: not shipped, so the kernel says EFAULT
-                regions.append((addr, data))
-        raw = bytes(arg)[:ioctl_opt.IOC_SIZE(request)]
+        raw, regions = _outgoing(request, arg)
         self._channel().collect()             # posted doorbells first: their replies come before ours
         try:
             # a server that stopped: no errno of a real ioctl says that (EPIPE would pass for the kernel's)
             made_at = made_at_ns()                # the syscall: the server applies the call as of then
-            self.sock.sendall(frame(b"I" + IOCTL.pack(request, len(raw), len(regions), made_at) + raw
-                                    + pack_regions(regions)))
+            self.sock.sendall(frame(b"I" + _ioctl_body(request, raw, regions, made_at)))
             reply, fds = recv_frame(self.sock, with_fds=True)
         except OSError as e:
             raise SimulatorError(f"simulated KFD server went away: {e}") from None
-        ret, out_len, n_regions, n_fds, returns_at = REPLY.unpack_from(reply, 1)
-        offset = 1 + REPLY.size
-        out = reply[offset:offset + out_len]
-        ctypes.memmove(ctypes.addressof(arg), out, min(len(out), ctypes.sizeof(arg)))
-        written, _ = unpack_regions(reply, offset + out_len, n_regions)
-        for addr, data in written.items():
-            if not _poke(addr, bytes(data)):
-                ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
-        if fds and entry is not None and entry.name == "SMI_EVENTS":
-            arg.anon_fd = fds[0]
+        ret, returns_at = _incoming(request, arg, _body_of(reply, b"R"), fds)
         if returns_at:                        # the modelled time the call sleeps in the kernel
             _sleep_until(returns_at)
         if ret < 0:
             raise OSError(-ret, os.strerror(-ret))
         return ret
+
+    def ioctls(self, calls):
+        """Several ioctls [(request, arg)] made back to back, as a loop in this thread makes them:
+        the server makes each when the one before returned, in one round trip instead of one each
+        (a round trip to this Python server costs far more than a system call). [ret or OSError]
+        in order; one call's error does not stop the rest."""
+        results = []
+        for first in range(0, len(calls), MAX_BATCH_CALLS):
+            results += self._batch(calls[first:first + MAX_BATCH_CALLS])
+        return results
+
+    def _batch(self, calls):
+        outgoing = [_outgoing(request, arg) for request, arg in calls]
+        self._channel().collect()
+        try:
+            made_at = made_at_ns()
+            self.sock.sendall(frame(b"B" + pack_items([_ioctl_body(request, raw, regions, made_at)
+                                                       for (request, _), (raw, regions) in zip(calls, outgoing)])))
+            reply, _ = recv_frame(self.sock)
+        except OSError as e:
+            raise SimulatorError(f"simulated KFD server went away: {e}") from None
+        try:
+            answers = unpack_items(_body_of(reply, b"M"), "batch reply", len(calls))
+        except ProtocolError as e:
+            raise SimulatorError(f"simulated KFD server answered a batch of ioctls wrongly: {e}") from None
+        results, returns_at = [], 0
+        for (request, arg), answer in zip(calls, answers):
+            ret, returns = _incoming(request, arg, answer)
+            returns_at = max(returns_at, returns)
+            results.append(OSError(-ret, os.strerror(-ret)) if ret < 0 else ret)
+        if returns_at:
+            _sleep_until(returns_at)
+        for request, arg in calls[len(answers):]:     # after one that slept in the kernel: one by one
+            try:
+                results.append(self.ioctl(request, arg))
+            except OSError as e:
+                results.append(e)
+        return results
 
     def doorbell(self, op, **fields):
         """Write AQL packets / read or wait on a completion signal of one of our queues (no ioctl
@@ -248,6 +268,53 @@ class SimBackend:
             self._local.control = None        # a broken channel: a new one next time
             return None
         return bytes.fromhex(data) if data else None
+
+
+def _outgoing(request, arg):
+    """What one ioctl sends: its argument's bytes and the caller's memory behind its pointers, as
+    copy_from_user would read them (an unreadable region is not shipped: the kernel says EFAULT)."""
+    entry = BY_NR.get(ioctl_opt.IOC_NR(request))
+    op = getattr(arg, "op", None) if entry and entry.name == "DBG_TRAP" else None
+    key = (entry.name if entry else None, op)
+    regions = []
+    for path, size in POINTERS.get(key, ()):
+        addr, length = _get(arg, path), size(arg)
+        data = _peek(addr, length) if addr and length else None
+        if data is not None:
+            regions.append((addr, data))
+    return bytes(arg)[:ioctl_opt.IOC_SIZE(request)], regions
+
+
+def _ioctl_body(request, raw, regions, made_at):
+    return IOCTL.pack(request, len(raw), len(regions), made_at) + raw + pack_regions(regions)
+
+
+def _body_of(reply, kind):
+    """A reply's body after its kind byte; an error reply (JSON) or another kind raises SimulatorError."""
+    if reply[:1] != kind:
+        try:
+            why = json.loads(reply[1:]).get("error") if reply[:1] == b"J" else None
+        except (ValueError, AttributeError):
+            why = None
+        raise SimulatorError(f"simulated KFD server: {why or f'a reply of kind {reply[:1]!r} to an ioctl'}")
+    return reply[1:]
+
+
+def _incoming(request, arg, body, fds=()):
+    """Take one ioctl's reply: `arg` filled in and the kernel's writes put into the caller's memory,
+    as copy_to_user would. Returns (ret, returns at)."""
+    ret, out_len, n_regions, _n_fds, returns_at = REPLY.unpack_from(body)
+    offset = REPLY.size
+    out = body[offset:offset + out_len]
+    ctypes.memmove(ctypes.addressof(arg), out, min(len(out), ctypes.sizeof(arg)))
+    written, _ = unpack_regions(body, offset + out_len, n_regions)
+    for addr, data in written.items():
+        if not _poke(addr, bytes(data)):
+            ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
+    entry = BY_NR.get(ioctl_opt.IOC_NR(request))
+    if fds and entry is not None and entry.name == "SMI_EVENTS":
+        arg.anon_fd = fds[0]
+    return ret, returns_at
 
 
 def made_at_ns():

@@ -4,6 +4,9 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
   client: b"O" open /dev/kfd (the process that sends it becomes a KFD process)
           b"I" ioctl: <request u32, arg len u32, regions u32, made at u64> arg, regions
           b"C" control: a JSON object
+          b"B" ioctls made back to back: <count u32> then count x (<length u32> + an "I" body), as
+               one thread makes them in a loop: each starts when the one before returned (at most
+               MAX_BATCH_CALLS)
           b"D" doorbell: a JSON object {"op": "dispatch" | "query" | "wait", "qid": ...}, on the
                caller's own queues (what user space does without an ioctl: write AQL packets and
                ring the doorbell, read or wait on a completion signal); a dispatch's "at" is its
@@ -14,6 +17,8 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
   server: b"R" ioctl reply: <ret i64, out len u32, regions u32, fds u32, returns at u64> out, regions
                (+ SCM_RIGHTS); "returns at": CLOCK_MONOTONIC ns before which the call must not return
                to its caller (the modelled time it sleeps in the kernel), 0 for none
+          b"M" the replies to a b"B": <count u32> then count x (<length u32> + an "R" body); fewer
+               than asked when one of them slept in the kernel: the caller makes the rest itself
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
 Who the caller is travels outside the payload: the server takes the sender's pid and uid from the
@@ -28,8 +33,8 @@ import struct
 
 # Raised whenever a message's layout changes. A server writes it into its machine.json and its
 # answer to "O"; a client of another version stops with one line instead of misreading replies.
-# 2: the ioctl reply carries "returns at". 3: an ioctl and a dispatch carry "made at".
-PROTOCOL = 3
+# 2: the ioctl reply carries "returns at". 3: an ioctl and a dispatch carry "made at". 4: b"B"/b"M".
+PROTOCOL = 4
 
 LEN = struct.Struct("<I")
 IOCTL = struct.Struct("<IIIQ")
@@ -41,6 +46,10 @@ REGION = struct.Struct("<QI")
 # WAIT_EVENTS' event array (at most KFD_SIGNAL_EVENT_LIMIT = 4096 events x 32 bytes) and the
 # debugger's snapshot buffers, far below this.
 MAX_FRAME_BYTES = 4 << 20
+# The most ioctls one b"B" may carry: the server makes them in one turn, so this bounds how long one
+# client holds everybody else up. A daemon makes one call per client it preempts, and a board has
+# 32 slots.
+MAX_BATCH_CALLS = 64
 
 
 class ProtocolError(ValueError):
@@ -80,6 +89,38 @@ def parse_ioctl(body):
     if end != len(body):
         raise ProtocolError(f"{len(body) - end} bytes after the ioctl's last region")
     return request, arg, regions, made_at
+
+
+def pack_items(bodies):
+    """<count u32> then each body with its length: a b"B" request's or a b"M" reply's payload."""
+    return LEN.pack(len(bodies)) + b"".join(LEN.pack(len(b)) + b for b in bodies)
+
+
+def unpack_items(body, what, most):
+    """The bodies `pack_items` packed, at least one and at most `most`."""
+    if len(body) < LEN.size:
+        raise ProtocolError(f"{what} without its count")
+    (count,) = LEN.unpack_from(body)
+    if not 0 < count <= most:
+        raise ProtocolError(f"{what} of {count} items (1 to {most})")
+    items, offset = [], LEN.size
+    for i in range(count):
+        if offset + LEN.size > len(body):
+            raise ProtocolError(f"{what}: item {i} of {count} is missing")
+        (length,) = LEN.unpack_from(body, offset)
+        offset += LEN.size
+        if offset + length > len(body):
+            raise ProtocolError(f"{what}: item {i} of {count} announces {length} bytes, {len(body) - offset} sent")
+        items.append(body[offset:offset + length])
+        offset += length
+    if offset != len(body):
+        raise ProtocolError(f"{len(body) - offset} bytes after the last item of a {what}")
+    return items
+
+
+def parse_batch(body):
+    """A b"B" request's body: [(request, arg, regions, made at)], each checked as parse_ioctl does."""
+    return [parse_ioctl(item) for item in unpack_items(body, "batch of ioctls", MAX_BATCH_CALLS)]
 
 
 def parse_json_object(body, what):

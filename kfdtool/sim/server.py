@@ -47,8 +47,8 @@ from .execution import Execution, WakeTimer
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
-from .protocol import (LEN, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame, json_frame, pack_regions,
-                       parse_control, parse_ioctl, parse_json_object)
+from .protocol import (LEN, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame, json_frame, pack_items,
+                       pack_regions, parse_batch, parse_control, parse_ioctl, parse_json_object)
 from .state import SimQueue
 from .timing import max_waves
 
@@ -315,6 +315,8 @@ class SimServer(ConnectionLoop):
         elif kind == b"I":
             request, arg, regions, made_at = parse_ioctl(body)
             act = partial(self._ioctl, conn, sender, request, arg, regions)
+        elif kind == b"B":
+            return self._ioctls(conn, sender, parse_batch(body))
         elif kind == b"C":
             def act():
                 self._send(conn, json_frame(self._control(conn, parse_control(body))))
@@ -418,8 +420,39 @@ class SimServer(ConnectionLoop):
         self.kfd.timing.settle()
         self.execution.replan(time.monotonic_ns())
 
-    def _ioctl(self, conn, caller, request, arg, regions):
-        """kfd_chardev.c: kfd_ioctl on this connection's fd; `caller` (pid, uid) is `current`."""
+    def _ioctls(self, conn, caller, calls):
+        """b"B": the calls as one thread makes them in a loop: each is made when the one before
+        returned to it (its "returns at": the DQM lock and the remap it waited for), or at its own
+        stamp if that is later, and applied then (`_applied_at`); one b"M" answers them all. A call
+        that sleeps in the kernel ends the batch there: the reply goes when it wakes, and the
+        caller makes the rest itself, after it."""
+        replies, sleeping = [], []
+
+        def answer(ret, out, regions, returns_at):
+            for f in self.kfd.smi.pending_fds:          # an "M" carries no fds: SMI_EVENTS belongs in an "I"
+                f.close()
+            self.kfd.smi.pending_fds = []
+            replies.append(REPLY.pack(ret, len(out), len(regions), 0, returns_at) + out
+                           + pack_regions(regions.items()))
+            if sleeping:                                # it woke: the batch ends with it
+                self._send(conn, frame(b"M" + pack_items(replies)))
+
+        returned_at = 0
+        for request, arg, regions, made_at in calls:
+            with clock.applying_at(self._applied_at(max(made_at, returned_at), True)) as at:
+                answered = self._ioctl(conn, caller, request, arg, regions, answer)
+                self.execution.replan(at)
+            if not answered:
+                sleeping.append(True)
+                return
+            returned_at = REPLY.unpack_from(replies[-1])[4] or at
+        self._send(conn, frame(b"M" + pack_items(replies)))
+
+    def _ioctl(self, conn, caller, request, arg, regions, answer=None):
+        """kfd_chardev.c: kfd_ioctl on this connection's fd; `caller` (pid, uid) is `current`.
+        `answer(ret, out, regions copied to user, returns at)` replies (one b"R" unless given);
+        False if the call sleeps in the kernel (answered when it wakes), else True."""
+        answer = answer or partial(self._reply, conn)
         # no KFD process behind a connection that never opened: the kernel decides (nr, then EBADF)
         proc = self.kfd.processes.get(conn.opener) if conn.opener is not None else None
         caller_pid, caller_uid = caller
@@ -428,8 +461,8 @@ class SimServer(ConnectionLoop):
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
             out = bytes(arg)        # `blocked` is unbound once the except clause ends: bind it now
-            self._sleep(conn, blocked, lambda blocked=blocked: self._finish_ioctl(conn, blocked, out))
-            return
+            self._sleep(conn, blocked, lambda blocked=blocked: self._finish_ioctl(blocked, out, answer))
+            return False
         except Exception:                      # a simulator bug must not take the machine down
             self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
                      f"{traceback.format_exc().rstrip()}")
@@ -444,7 +477,8 @@ class SimServer(ConnectionLoop):
             # timer of ours adds its lateness to the modelled time).
             returns_at = max(clock.now_ns(), self.dqm_free_ns) + int(cost.total_s * 1e9)
             self.dqm_free_ns = returns_at
-        self._reply(conn, ret, out, mem.copied_to_user, returns_at)
+        answer(ret, out, mem.copied_to_user, returns_at)
+        return True
 
     def _reply(self, conn, ret, out, regions, returns_at=0):
         fds = self.kfd.smi.pending_fds
@@ -458,14 +492,14 @@ class SimServer(ConnectionLoop):
         conn.sleeping = True
         self.blocked.append(Sleeper(conn, blocked, respond, waits_for))
 
-    def _finish_ioctl(self, conn, blocked, out):
+    def _finish_ioctl(self, blocked, out, answer):
         try:
             ret = blocked.finish()
         except SimErrno as e:
             ret = -e.errno
         self.kfd.timing.settle()
         self.execution.replan(time.monotonic_ns())
-        self._reply(conn, ret, out, {})
+        answer(ret, out, {}, 0)
 
     def _retry_blocked(self):
         while True:
