@@ -165,6 +165,8 @@ def summarize(outputs):
     for o in outputs:
         if "hp_latencies_s" in o:
             out.update(latency_summary(o["hp_latencies_s"]), hp_requests=len(o["hp_latencies_s"]))
+            if o.get("hp_recorded_s"):         # until the simulator had taken its launches (sim_job.py)
+                out.update(latency_summary(o["hp_recorded_s"], prefix="hp_recorded"))
             if "gate" in o:
                 out["hp_gate"] = o["gate"]
     if lp_rates:

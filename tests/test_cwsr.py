@@ -632,3 +632,35 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_in_one_round_trip(sim
         kfd.close()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_call_that_sleeps_in_the_kernel_ends_a_batch_and_the_rest_are_made_after_it(sim):
+    """DESTROY_QUEUE of a queue its debugger suspended sleeps until the queue is resumed. Made back
+    to back with a call after it, that call is made only once the destroy returned, as a loop in
+    one thread would make it, and both answer."""
+    import threading
+    from kfdtool.ioctls import structs as s
+    cl = Client(sim)
+    try:
+        qid = cl.rt.create_queue(cl.gpus[0])
+        with DebugTrapSuspend(cl.kfd, os.getpid()) as mech:
+            mech.suspend([qid])
+            resumed_at = []
+
+            def resume_later():
+                time.sleep(0.1)
+                resumed_at.append(time.monotonic())
+                mech.resume([qid])                 # another thread: its own connection
+            resumer = threading.Thread(target=resume_later)
+            resumer.start()
+            version = s.kfd_ioctl_get_version_args()
+            answers = cl.kfd.ioctls([("DESTROY_QUEUE", cl.kfd.abi.layout("kfd_ioctl_destroy_queue_args")(qid, 0)),
+                                     ("GET_VERSION", version)])
+            returned_at = time.monotonic()
+            resumer.join()
+            cl.rt.queues.pop(qid)
+            assert answers == [0, 0] and version.major_version == 1
+            assert returned_at >= resumed_at[0]           # the destroy slept until the resume
+            assert qid not in cl.queues()
+    finally:
+        cl.close()
