@@ -320,34 +320,3 @@ def test_a_wake_far_ahead_is_a_bounded_replay_that_still_lands_on_the_completion
         now = wake
     assert wake == exact
     assert looks > 1                                       # it was further than one replay
-
-
-def test_a_wake_is_kept_while_work_is_only_added_and_projected_again_when_slots_are_freed(monkeypatch):
-    """The server asks `wake_ns` after every round that changed the plan. A dispatch only delays the
-    others, so the moment projected before it is kept as an early bound (the server looks then,
-    finds nothing done and projects again), instead of a replay after each of a service's launches;
-    a change that frees slots (a suspend) may bring a completion sooner, so it is projected again at
-    once. Looking again whenever the moment comes still lands on each completion."""
-    gpu = Gpu()
-    batch, service = gpu.queue(), gpu.queue()
-    gpu.launch(batch, 0, [(8000, SLOTS)])
-    replays = []
-    copy = type(gpu.execution.clocks[GPU]).copy
-    monkeypatch.setattr(type(gpu.execution.clocks[GPU]), "copy", lambda clock: replays.append(1) or copy(clock))
-    wait = [(batch, 1)]
-    assert gpu.execution.wake_ns(wait, at(0.1)) == at(8.0) and len(replays) == 1
-    for i in range(5):                                     # a service's launches: more work, nothing sooner
-        gpu.launch(service, 0.2 + i * 0.1, [(100, SLOTS // 4)])
-        assert gpu.execution.wake_ns(wait, at(0.2 + i * 0.1)) == at(8.0)
-    assert len(replays) == 1
-    batch.is_suspended = True                              # slots freed: the service may finish sooner
-    gpu.replan(1)
-    service_wait = [(service, 5)]
-    assert gpu.execution.wake_ns(service_wait, at(1)) == pytest.approx(at(1.5), abs=EVENT_TICK_US * 1e3)
-    assert len(replays) == 2
-    assert gpu.completed(service, (gpu.execution.wake_ns(service_wait, at(1)) - T0) / MS) == 5
-    batch.is_suspended = False                             # restarted: its own completion is back
-    gpu.replan(2)
-    wake = gpu.execution.wake_ns(wait, at(2))
-    assert len(replays) == 3 and wake == gpu.execution.projected_done_ns(batch, 1)
-    assert gpu.completed(batch, (wake - T0) / MS) == 1

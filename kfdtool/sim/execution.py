@@ -162,10 +162,7 @@ class DeviceClock:
         self.last_ns = 0                # events are accounted up to here
         self.stalled_until_ns = 0       # an HWS remap holds the device until then
         self.turn = 0                   # where the round-robin remainder starts
-        # bumped by a change that may let a queue finish sooner than a projection made before it
-        # said: slots freed (a lane stopped or dropped) or a lane restarted. Work added (a dispatch,
-        # an HWS stall) only delays others, so a projection made before it stays an early bound
-        self.sooner = 0
+        self.epoch = 0                  # bumped whenever a projection of completions changes
 
     def copy(self):
         twin = DeviceClock(self.gpu_id, self.capacity, self.saves_waves)
@@ -197,7 +194,6 @@ class DeviceClock:
         time they had left (during an HWS stall, from the stall's end: they were frozen); without
         CWSR they drain (stay on their slots until they retire)."""
         lane.runnable = False
-        self.sooner += 1
         if not self.saves_waves or not lane.cohorts:
             return
         frozen_from = max(now_ns, self.stalled_until_ns)
@@ -210,7 +206,6 @@ class DeviceClock:
         """A destroyed queue: its waves leave their slots at once."""
         self.free += lane.resident
         del self.lanes[id(lane.q)]
-        self.sooner += 1
 
     def stall(self, now_ns, seconds):
         """An HWS unmap+map from now (or from the end of one still under way: the DQM lock
@@ -338,7 +333,7 @@ class Execution:
         self.kfd = kfd
         self.clocks = {gpu: DeviceClock(gpu, max_waves(dev.node), dev.cwsr_enabled)
                        for gpu, dev in kfd.devices.items()}
-        self.wakes = {}                 # gpu_id -> (sooner, waits, moment): the device's last wake_ns
+        self.wakes = {}                 # gpu_id -> (epoch, waits, moment): the device's last wake_ns
 
     # --- dispatch and completion ------------------------------------------------------------------
     def dispatch(self, proc, q, kernels, now_ns):
@@ -369,6 +364,7 @@ class Execution:
         q.dispatched += len(checked)
         if id(q) not in clock.lanes:
             clock.add_lane(q, proc, q.is_active)
+        clock.epoch += 1
         self.replan(now_ns)
         return q.dispatched
 
@@ -392,6 +388,7 @@ class Execution:
         clock = self.clocks[gpu_id]
         self.catch_up(gpu_id, now_ns)
         clock.stall(now_ns, seconds)
+        clock.epoch += 1
 
     def catch_up(self, gpu_id, now_ns):
         """Play the device's events up to `now_ns` under its plan and record them in its queues."""
@@ -409,20 +406,23 @@ class Execution:
             if not clock.lanes and clock.stalled_until_ns <= clock.last_ns:
                 continue
             clock.advance(now_ns)
+            changed = False
             for lane in list(clock.lanes.values()):
                 if not _exists(lane.q, lane.proc):
                     clock.drop(lane)
                     lane.q.kernels.clear()        # a destroyed queue's packets never run
                     lane.q.resident_waves = 0
+                    changed = True
                     continue
                 active = lane.q.is_active
                 if active != lane.runnable:
                     if active:
                         lane.runnable = True
-                        clock.sooner += 1
                     else:
                         clock.stop(lane, now_ns)
-            clock.dispatch(now_ns)
+                    changed = True
+            if clock.dispatch(now_ns) or changed:
+                clock.epoch += 1
             for lane in list(clock.lanes.values()):
                 self._record(clock, lane, now_ns)
 
@@ -460,15 +460,7 @@ class Execution:
         completed `count` kernels, if no plan changes meanwhile, or None (none will). Per device
         one replay of at most PROJECTION_EVENTS events from now, on a copy, for all its waits; a
         wait beyond them gets the last event replayed (look again there). Kept until the device's
-        waits change, the moment passes, or a change may let a queue finish sooner
-        (`DeviceClock.sooner`). Work added since (a dispatch, a stall) only delays the others, so
-        the moment kept is then early: the server looks, finds nothing done and projects again.
-        Projecting after every dispatch instead cost the server's one thread about a quarter of
-        its time next to three batch jobs, which the service's launches waited for. (Where a
-        dispatch adds a wanting lane, the round-robin remainder of a round with fewer free slots
-        than lanes can go to another lane than projected: a queue's last wave may then start a
-        round sooner, and its waiter is answered at the next request the server handles or the
-        moment kept, whichever comes first.)"""
+        plan or waits change, or the moment passes."""
         soonest = None
         by_gpu = {}
         for q, count in waits:
@@ -484,7 +476,7 @@ class Execution:
         clock = self.clocks[gpu_id]
         key = tuple(sorted((id(q), count) for q, count in waits))
         kept = self.wakes.get(gpu_id)
-        if kept is not None and kept[:2] == (clock.sooner, key) and (kept[2] is None or kept[2] > now_ns):
+        if kept is not None and kept[:2] == (clock.epoch, key) and (kept[2] is None or kept[2] > now_ns):
             return kept[2]
         self.catch_up(gpu_id, now_ns)            # replay from now: what is past is past
         if any(q.completed >= count for q, count in waits):
@@ -494,7 +486,7 @@ class Execution:
             targets = [(twin.lanes[id(q)], count - q.completed) for q, count in waits if id(q) in twin.lanes]
             done = twin.first_done(targets, PROJECTION_EVENTS) if targets else None
             at_ns = None if done is None else done[0]
-        self.wakes[gpu_id] = (clock.sooner, key, at_ns)
+        self.wakes[gpu_id] = (clock.epoch, key, at_ns)
         return at_ns
 
 
