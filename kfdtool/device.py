@@ -143,15 +143,16 @@ class KfdDevice:
         them in a loop (each returns before the next starts: the kernel serialises such calls on
         its locks anyway), in one round trip where the backend can (a simulated KFD). Returns
         [value or KfdIoctlError] in order: one call's error does not stop the others. A call
-        interrupted or told to try again is made again by itself, as `ioctl` would."""
+        interrupted or told to try again is made again by itself, as `ioctl` would, after the
+        others (meant for calls on different targets, whose order does not matter)."""
         for name, _ in calls:
             if not self.abi.supports(name):
                 raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
+        op_names = [_op_name(name, arg) for name, arg in calls]      # an unknown op: refused before any is made
         answers = self.backend.ioctls([(self.abi.request(name), arg) for name, arg in calls])
         results = []
-        for (name, arg), answer in zip(calls, answers):
+        for (name, arg), op_name, answer in zip(calls, op_names, answers):
             if isinstance(answer, OSError):
-                op_name = _op_name(name, arg)
                 again = answer.errno == errno.EINTR or (answer.errno == errno.EAGAIN
                                                         and (name, op_name) not in _EAGAIN_IS_ANSWER)
                 if not again:

@@ -728,3 +728,18 @@ def test_the_simulators_own_entry_points_answer_bad_input_in_one_line(tmp_path, 
                             env=env)
     assert result.returncode != 0 and message in result.stderr.strip().splitlines()[-1], result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("item", [b"abc", REPLY.pack(0, 0, 5, 0, 0)], ids=["cut-short", "regions-missing"])
+def test_a_malformed_batch_reply_is_one_simulator_error(tmp_path, item):
+    """A b"M" whose item is cut short or announces regions it lacks is the simulator's fault:
+    SimulatorError, never a struct or protocol exception escaping to the caller (found in review)."""
+    from kfdtool.sim.protocol import pack_items
+    backend = SimBackend(_one_call_server(tmp_path, {"ok": True, "protocol": PROTOCOL},
+                                          lambda: frame(b"M" + pack_items([item]))))
+    try:
+        with pytest.raises(SimulatorError, match="answered a batch of ioctls wrongly"):
+            backend.ioctls([(GET_VERSION, s.kfd_ioctl_get_version_args())])
+    finally:
+        backend.close()
+

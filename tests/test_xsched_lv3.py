@@ -1137,3 +1137,27 @@ def test_a_client_the_daemon_cannot_take_the_debugger_role_on_stays_at_lv1_and_s
     assert board.read_slot(lp).level == 1 and engine.clients[lp].why == why.format(pid=lp_proc.pid)
     assert FakeMechanism.calls == []
     engine.close()
+
+
+def test_a_simulator_gone_under_a_back_to_back_suspend_is_the_kfd_gone_not_a_daemon_bug(fake_engine, monkeypatch):
+    """A simulated KFD that went away answers the whole batch with SimulatorError: each client's
+    call failed that way and the engine reconnects later (`_kfd_gone`), instead of the error
+    escaping `sync` as an internal error that stops Lv3 for good (found in review)."""
+    from kfdtool.errors import SimulatorError
+    board, make_engine, hp_proc, lp_proc = fake_engine
+
+    class Kfd:
+        def ioctls(self, calls):
+            raise SimulatorError("simulated KFD server went away: [Errno 32] Broken pipe")
+    monkeypatch.setattr(FakeMechanism, "suspend_call",
+                        lambda self, qids=None, grace_period=None: PreparedCall(("suspend", self.pid), lambda: None))
+    hp = board.allocate(hp_proc.pid, 10, 0, DEVICE)
+    board.allocate(lp_proc.pid, 0, 0, DEVICE)
+    engine = make_engine()
+    gone = []
+    engine.host.kfd = Kfd()
+    monkeypatch.setattr(engine, "_kfd_gone", lambda c, e, now: gone.append(e))
+    engine.sync(now=100.0)
+    board.set_active(hp, True)
+    engine.sync(now=100.001)
+    assert [type(e) for e in gone] == [SimulatorError]

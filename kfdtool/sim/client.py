@@ -9,6 +9,7 @@ import ctypes
 import errno
 import json
 import os
+import struct
 import threading
 import time
 
@@ -209,12 +210,22 @@ class SimBackend:
         the server makes each when the one before returned, in one round trip instead of one each
         (a round trip to this Python server costs far more than a system call). [ret or OSError]
         in order; one call's error does not stop the rest."""
-        results = []
-        for first in range(0, len(calls), MAX_BATCH_CALLS):
-            results += self._batch(calls[first:first + MAX_BATCH_CALLS])
-        return results
+        results, batch = [], []
+        for request, arg in calls:
+            if _returns_fds(request):           # an fd travels only with a b"R": made by itself, in order
+                results += self._batch(batch) if batch else []
+                batch = []
+                try:
+                    results.append(self.ioctl(request, arg))
+                except OSError as e:
+                    results.append(e)
+            else:
+                batch.append((request, arg))
+        return results + (self._batch(batch) if batch else [])
 
     def _batch(self, calls):
+        if len(calls) > MAX_BATCH_CALLS:
+            return self._batch(calls[:MAX_BATCH_CALLS]) + self._batch(calls[MAX_BATCH_CALLS:])
         outgoing = [_outgoing(request, arg) for request, arg in calls]
         self._channel().collect()
         try:
@@ -224,23 +235,20 @@ class SimBackend:
             reply, _ = recv_frame(self.sock)
         except OSError as e:
             raise SimulatorError(f"simulated KFD server went away: {e}") from None
+        results, returns_at = [], 0
         try:
             answers = unpack_items(_body_of(reply, b"M"), "batch reply", len(calls))
-        except ProtocolError as e:
+            for (request, arg), answer in zip(calls, answers):
+                ret, returns = _incoming(request, arg, answer)
+                returns_at = max(returns_at, returns)
+                results.append(OSError(-ret, os.strerror(-ret)) if ret < 0 else ret)
+        except (ProtocolError, struct.error) as e:
             raise SimulatorError(f"simulated KFD server answered a batch of ioctls wrongly: {e}") from None
-        results, returns_at = [], 0
-        for (request, arg), answer in zip(calls, answers):
-            ret, returns = _incoming(request, arg, answer)
-            returns_at = max(returns_at, returns)
-            results.append(OSError(-ret, os.strerror(-ret)) if ret < 0 else ret)
         if returns_at:
             _sleep_until(returns_at)
-        for request, arg in calls[len(answers):]:     # after one that slept in the kernel: one by one
-            try:
-                results.append(self.ioctl(request, arg))
-            except OSError as e:
-                results.append(e)
-        return results
+        # the batch ended early (its last call returns only now, or slept in the kernel): the rest
+        # are made now that it has returned
+        return results + (self._batch(calls[len(answers):]) if len(answers) < len(calls) else [])
 
     def doorbell(self, op, **fields):
         """Write AQL packets / read or wait on a completion signal of one of our queues (no ioctl
@@ -287,6 +295,11 @@ def _outgoing(request, arg):
 
 def _ioctl_body(request, raw, regions, made_at):
     return IOCTL.pack(request, len(raw), len(regions), made_at) + raw + pack_regions(regions)
+
+
+def _returns_fds(request):
+    entry = BY_NR.get(ioctl_opt.IOC_NR(request))
+    return entry is not None and entry.name == "SMI_EVENTS"
 
 
 def _body_of(reply, kind):

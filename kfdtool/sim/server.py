@@ -424,8 +424,9 @@ class SimServer(ConnectionLoop):
         """b"B": the calls as one thread makes them in a loop: each is made when the one before
         returned to it (its "returns at": the DQM lock and the remap it waited for), or at its own
         stamp if that is later, and applied then (`_applied_at`); one b"M" answers them all. A call
-        that sleeps in the kernel ends the batch there: the reply goes when it wakes, and the
-        caller makes the rest itself, after it."""
+        that returns later than now, or sleeps in the kernel, ends the batch there (the next one
+        cannot be applied in the future): the reply goes now, or when it wakes, and the caller
+        makes the rest after it has returned."""
         replies, sleeping = [], []
 
         def answer(ret, out, regions, returns_at):
@@ -439,6 +440,8 @@ class SimServer(ConnectionLoop):
 
         returned_at = 0
         for request, arg, regions, made_at in calls:
+            if returned_at > time.monotonic_ns():
+                break
             with clock.applying_at(self._applied_at(max(made_at, returned_at), True)) as at:
                 answered = self._ioctl(conn, caller, request, arg, regions, answer)
                 self.execution.replan(at)
