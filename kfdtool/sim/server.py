@@ -427,7 +427,7 @@ class SimServer(ConnectionLoop):
         that returns later than now, or sleeps in the kernel, ends the batch there (the next one
         cannot be applied in the future): the reply goes now, or when it wakes, and the caller
         makes the rest after it has returned."""
-        replies, sleeping = [], []
+        replies, sleeping = [], False
 
         def answer(ret, out, regions, returns_at):
             for f in self.kfd.smi.pending_fds:          # an "M" carries no fds: SMI_EVENTS belongs in an "I"
@@ -446,7 +446,7 @@ class SimServer(ConnectionLoop):
                 answered = self._ioctl(conn, caller, request, arg, regions, answer)
                 self.execution.replan(at)
             if not answered:
-                sleeping.append(True)
+                sleeping = True                         # `answer` sends the reply when it wakes
                 return
             returned_at = REPLY.unpack_from(replies[-1])[4] or at
         self._send(conn, frame(b"M" + pack_items(replies)))
