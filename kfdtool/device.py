@@ -122,9 +122,7 @@ class KfdDevice:
     def ioctl(self, name, arg, op=None):
         """Perform AMDKFD_IOC_<name> on `arg` (a ctypes struct of this ABI's layout). Returns the
         ioctl's return value (a count for SUSPEND/RESUME_QUEUES). Raises a typed KfdIoctlError."""
-        if not self.abi.supports(name):
-            raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
-        request = self.abi.request(name)
+        request = self._request(name)
         op_name = _op_name(name, arg)
         eagain_left = 0 if (name, op_name) in _EAGAIN_IS_ANSWER else EAGAIN_RETRIES
         while True:
@@ -145,11 +143,9 @@ class KfdDevice:
         [value or KfdIoctlError] in order: one call's error does not stop the others. A call
         interrupted or told to try again is made again by itself, as `ioctl` would, after the
         others (meant for calls on different targets, whose order does not matter)."""
-        for name, _ in calls:
-            if not self.abi.supports(name):
-                raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
-        op_names = [_op_name(name, arg) for name, arg in calls]      # an unknown op: refused before any is made
-        answers = self.backend.ioctls([(self.abi.request(name), arg) for name, arg in calls])
+        requests = [self._request(name) for name, _ in calls]          # all checked before any is made,
+        op_names = [_op_name(name, arg) for name, arg in calls]         # an unknown op too
+        answers = self.backend.ioctls([(request, arg) for request, (_, arg) in zip(requests, calls)])
         results = []
         for (name, arg), op_name, answer in zip(calls, op_names, answers):
             if isinstance(answer, OSError):
@@ -164,6 +160,12 @@ class KfdDevice:
                         answer = e
             results.append(answer)
         return results
+
+    def _request(self, name):
+        """AMDKFD_IOC_<name>'s request number in this ABI; NotSupported where it has none."""
+        if not self.abi.supports(name):
+            raise NotSupported(name, errno.ENOTTY, f"KFD ABI {self.abi} has no AMDKFD_IOC_{name}")
+        return self.abi.request(name)
 
     def raw_ioctl(self, request, arg, name="UNKNOWN"):
         """An ioctl by request number (probing patched-driver extensions)."""

@@ -52,10 +52,10 @@ class PreparedCall:
     """One SUSPEND_QUEUES or RESUME_QUEUES of a target, prepared and not yet made, so that those of
     several targets can be made back to back (`make_back_to_back`). `arg` is None where there is
     nothing to call. `done()` reads what the kernel wrote and returns the MechanismResult (it may
-    make a call of its own: a retry); `keep` is what the argument points into."""
+    make a call of its own: a retry); it holds what the argument points into, so that stays alive."""
 
-    def __init__(self, arg, done, keep=None):
-        self.arg, self.done, self.keep = arg, done, keep
+    def __init__(self, arg, done):
+        self.arg, self.done = arg, done
 
     @classmethod
     def nothing(cls, result):
@@ -75,15 +75,14 @@ def make_back_to_back(kfd, calls):
     round trip. Returns [MechanismResult or Error] in order: one target's error does not stop
     the others, and an error of the device itself (a simulated KFD that went away) is every
     call's answer."""
-    made = [call for call in calls if call.arg is not None]
+    made = [call.arg for call in calls if call.arg is not None]
     try:
-        answers = kfd.ioctls([("DBG_TRAP", call.arg) for call in made]) if made else []
+        answers = iter(kfd.ioctls([("DBG_TRAP", arg) for arg in made]) if made else [])
     except Error as e:
-        answers = [e] * len(made)
-    answers = dict(zip(map(id, made), answers))
+        answers = iter([e] * len(made))
     results = []
     for call in calls:
-        answer = answers.get(id(call))
+        answer = next(answers) if call.arg is not None else None
         try:
             results.append(answer if isinstance(answer, Error) else call.done())
         except Error as e:
@@ -242,7 +241,7 @@ class DebugTrapSuspend(Mechanism):
             notes.append(MES_IGNORES_GRACE)
         before = set(self._held)
         arr, arg = self._suspend_args(qids, grace)
-        return PreparedCall(arg, lambda: self._suspended(qids, list(arr), entries, before, notes, grace), arr)
+        return PreparedCall(arg, lambda: self._suspended(qids, list(arr), entries, before, notes, grace))
 
     def _suspended(self, qids, arr, entries, before, notes, grace):
         if any(st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries for q, st in zip(qids, arr)):
@@ -302,7 +301,7 @@ class DebugTrapSuspend(Mechanism):
         arr = (ctypes.c_uint32 * len(qids))(*qids)
         arg = dbg_trap_args("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
                             num_queues=len(qids))
-        return PreparedCall(arg, lambda: self._resumed(qids, arr), arr)
+        return PreparedCall(arg, lambda: self._resumed(qids, arr))
 
     def _resumed(self, qids, arr):
         outcomes = []

@@ -298,6 +298,7 @@ def _ioctl_body(request, raw, regions, made_at):
 
 
 def _returns_fds(request):
+    """SMI_EVENTS answers with an fd (SCM_RIGHTS with a b"R" reply)."""
     entry = BY_NR.get(ioctl_opt.IOC_NR(request))
     return entry is not None and entry.name == "SMI_EVENTS"
 
@@ -324,8 +325,7 @@ def _incoming(request, arg, body, fds=()):
     for addr, data in written.items():
         if not _poke(addr, bytes(data)):
             ret = ret if ret < 0 else -errno.EFAULT     # copy_to_user into read-only memory
-    entry = BY_NR.get(ioctl_opt.IOC_NR(request))
-    if fds and entry is not None and entry.name == "SMI_EVENTS":
+    if fds and _returns_fds(request):
         arg.anon_fd = fds[0]
     return ret, returns_at
 

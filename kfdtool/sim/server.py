@@ -427,18 +427,18 @@ class SimServer(ConnectionLoop):
         that returns later than now, or sleeps in the kernel, ends the batch there (the next one
         cannot be applied in the future): the reply goes now, or when it wakes, and the caller
         makes the rest after it has returned."""
-        replies, sleeping = [], False
+        replies, sleeping, returned_at = [], False, 0
 
         def answer(ret, out, regions, returns_at):
+            nonlocal returned_at
             for f in self.kfd.smi.pending_fds:          # an "M" carries no fds: SMI_EVENTS belongs in an "I"
                 f.close()
             self.kfd.smi.pending_fds = []
-            replies.append(REPLY.pack(ret, len(out), len(regions), 0, returns_at) + out
-                           + pack_regions(regions.items()))
+            replies.append(_reply_body(ret, out, regions, 0, returns_at))
+            returned_at = returns_at or clock.now_ns()
             if sleeping:                                # it woke: the batch ends with it
                 self._send(conn, frame(b"M" + pack_items(replies)))
 
-        returned_at = 0
         for request, arg, regions, made_at in calls:
             if returned_at > time.monotonic_ns():
                 break
@@ -448,7 +448,6 @@ class SimServer(ConnectionLoop):
             if not answered:
                 sleeping = True                         # `answer` sends the reply when it wakes
                 return
-            returned_at = REPLY.unpack_from(replies[-1])[4] or at
         self._send(conn, frame(b"M" + pack_items(replies)))
 
     def _ioctl(self, conn, caller, request, arg, regions, answer=None):
@@ -486,9 +485,7 @@ class SimServer(ConnectionLoop):
     def _reply(self, conn, ret, out, regions, returns_at=0):
         fds = self.kfd.smi.pending_fds
         self.kfd.smi.pending_fds = []
-        msg = frame(b"R" + REPLY.pack(ret, len(out), len(regions), len(fds), returns_at) + out
-                    + pack_regions(regions.items()))
-        self._send(conn, msg, fds)
+        self._send(conn, frame(b"R" + _reply_body(ret, out, regions, len(fds), returns_at)), fds)
 
     def _sleep(self, conn, blocked, respond, waits_for=None):
         """`conn`'s call sleeps until `blocked.ready()`; then `respond()` answers it."""
@@ -734,6 +731,11 @@ class SimServer(ConnectionLoop):
     def ctl_shutdown(self, conn, msg):
         self.running = False
         return {}
+
+
+def _reply_body(ret, out, regions, n_fds, returns_at):
+    """An ioctl's answer after its kind byte (b"R", or an item of b"M"): see protocol.py."""
+    return REPLY.pack(ret, len(out), len(regions), n_fds, returns_at) + out + pack_regions(regions.items())
 
 
 def _whole_request(inbox):
