@@ -36,6 +36,15 @@ class Context:
             raise SimulatorError(f"simulated {self.sim.name} is not running; start it with "
                                  f"`kfdtool sim start {self.sim.name}`")
 
+    def import_device_modules(self):
+        """Import what open_device() and the device's first calls need, before a command arms
+        signal handlers that raise: an exception a handler raises while a module is being imported
+        can surface inside importlib's module-lock callback, which prints it as "Exception ignored"
+        with a traceback and goes on as if no signal had come."""
+        from .. import device  # noqa: F401
+        if self.sim is not None:
+            from ..sim import client  # noqa: F401
+
     def open_device(self):
         from ..device import KfdDevice
         if self.sim is not None:

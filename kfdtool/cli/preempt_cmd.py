@@ -8,7 +8,7 @@ import threading
 import time
 
 from .argtypes import grace_period, non_negative_int, positive_int
-from .render import console, human_bytes, print_json, table
+from .render import console, human_bytes, import_rich, print_json, table
 from .commands import help_for
 
 PREEMPT_HELP = help_for("preempt")
@@ -117,6 +117,9 @@ def run_preempt(args, ctx):
     from ..cwsr.holds import Hold, ensure_run_dir
     ctx.require_kfd_process(args.pid)
     ensure_run_dir()                        # where the hold is recorded: refuse now, not after suspending
+    ctx.import_device_modules()             # no import once signals raise (import_device_modules says why)
+    if not args.json:
+        import_rich()
     # From here to the last line a signal means "resume and exit 128+N": while opening the device
     # and working it raises _Stop; during the cleanup it is noted and the cleanup finishes first.
     stopped = []

@@ -15,7 +15,13 @@ def console():
     width = None if _isatty(sys.stdout) else _columns()
     if WIDE:
         width = 1 << 16                          # tables take what they need; the terminal may wrap
-    return Console(width=width, soft_wrap=False, highlight=False)
+    return Console(width=width, soft_wrap=False, highlight=False, emoji=False)    # data: ":x:" stays ":x:"
+
+
+def import_rich():
+    """Import what console() and table() use, now: for a command about to arm signal handlers that
+    raise (see Context.import_device_modules)."""
+    import rich.cells, rich.console, rich.table  # noqa: F401,E401
 
 
 def _isatty(stream):
