@@ -481,6 +481,43 @@ def test_an_open_the_server_cannot_watch_is_refused_not_leaked(server):
     assert srv.get_version()[0] == 1                         # with fds again, opens work
 
 
+def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path, monkeypatch):
+    """The server applies each request as of when its caller made it and never plays its model back,
+    so requests waiting together are handled in that order, whatever order they were read in (a
+    later-made one handled first would make an earlier one take effect late). A connection whose
+    next request was made before every other one waiting goes on (a doorbell posted right after
+    another); an unstamped request (a control op) counts as made when read. Sleepers are looked at
+    no later than the earliest stamped request still waiting."""
+    from kfdtool.sim.server import SimServer
+    srv = SimServer(tmp_path, "mi210", realtime=False)
+    handled = []
+    monkeypatch.setattr(srv, "_handle", lambda conn, payload, sender: handled.append(payload))
+    now = time.monotonic_ns()
+
+    def doorbell(at):
+        return frame(b"D" + json.dumps({"op": "dispatch", "qid": 0, "kernels": [[1.0, 1]], "at": at}).encode())
+
+    def call(at):
+        return frame(b"I" + IOCTL.pack(GET_VERSION, 8, 0, at) + bytes(8))
+    # written in this order, one connection each but the last
+    writes = [frame(b'C{"op": "status"}'), call(now - 4_000_000), doorbell(now - 6_000_000) + doorbell(now - 5_000_000),
+              doorbell(now - 3_000_000)]
+    clients = []
+    for data in writes:
+        server_end, client_end = socket.socketpair()
+        srv._watch(srv._admit(server_end))
+        client_end.sendall(data)
+        clients.append(client_end)
+    polled = srv._poll(timeout=0)
+    assert srv._horizon_ns(polled) == now - 6_000_000          # not past the earliest one waiting
+    srv._take_turns()
+    made = [json.loads(p[1:])["at"] if p[:1] == b"D" else IOCTL.unpack_from(p, 1)[3] if p[:1] == b"I" else "status"
+            for p in handled]
+    assert made == [now - 6_000_000, now - 5_000_000, now - 4_000_000, now - 3_000_000, "status"]
+    for c in clients:
+        c.close()
+
+
 def test_a_simulator_bug_is_logged_through_the_rate_limit_and_answered_eio(tmp_path, monkeypatch, capsys):
     """An exception inside the simulated kernel or a control op is a simulator bug: the call gets
     EIO (or an error reply), and its traceback goes to server.log through the rate limit, so a

@@ -337,8 +337,7 @@ def made_at_ns():
 
 
 def _doorbell_message(op, fields):
-    """A doorbell request. A dispatch says when it was rung, stamped as the channel writes it (after
-    any wait for earlier replies): the server applies it as of then."""
-    if op == "dispatch":
-        return lambda: b"D" + json.dumps({"op": op, **fields, "at": made_at_ns()}).encode()
-    return b"D" + json.dumps({"op": op, **fields}).encode()
+    """A doorbell request, saying when it was made (stamped as the channel writes it, after any wait
+    for earlier replies): the server applies a dispatch as of then, and answers a query or a wait
+    as of then (the signal read then), not as of when its one thread got to it."""
+    return lambda: b"D" + json.dumps({"op": op, **fields, "at": made_at_ns()}).encode()

@@ -9,8 +9,7 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
                MAX_BATCH_CALLS)
           b"D" doorbell: a JSON object {"op": "dispatch" | "query" | "wait", "qid": ...}, on the
                caller's own queues (what user space does without an ioctl: write AQL packets and
-               ring the doorbell, read or wait on a completion signal); a dispatch's "at" is its
-               "made at"
+               ring the doorbell, read or wait on a completion signal); its "at" is its "made at"
   "made at": CLOCK_MONOTONIC ns when the caller made the call or rang the doorbell; the server
                applies the request then, as far as its model has not been played past it (clock.py);
                0 or absent: when the server handles it

@@ -15,6 +15,15 @@ every other connection, not for the batch (on the device, doorbells need no kern
 that break the protocol close that connection with a reason in server.log; the server keeps
 serving the rest.
 
+Requests are applied as of the moment their callers made them (clock.py), and the model is never
+played back, so the server also keeps to the order they were made in: a round takes its requests
+in that order, a connection goes on while its next request was made before every other one
+waiting, and the model is played for sleepers only up to the earliest moment a request it has
+read but not handled was made (`_horizon_ns`). Otherwise one process's doorbells read a little
+late would take effect as late as the others' requests or the sleepers' checks handled before them
+had played the model (measured next to three batch jobs under Lv3: a service's kernels started p50
+~1.9 ms after their doorbells), a simulator artefact charged to whoever shares the server's thread.
+
 The simulated GPUs execute the kernels that processes ring into their queues (execution.py): after
 every request the server re-plans which kernels run, and a timerfd wakes it when a kernel someone
 waits on completes. A wait sleeps like a blocked ioctl: only its own connection waits.
@@ -24,6 +33,8 @@ waits on completes. A wait sleeps like a blocked ioctl: only its own connection 
 import argparse
 import collections
 import errno
+import heapq
+import itertools
 import json
 import os
 import selectors
@@ -47,8 +58,9 @@ from .execution import Execution, WakeTimer
 from .kernel import SimKfd
 from .machine import DEFAULT_PARAMETERS, find_profile, materialize
 from .memory import UserMemory
-from .protocol import (LEN, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame, json_frame, pack_items,
-                       pack_regions, parse_batch, parse_control, parse_ioctl, parse_json_object)
+from .protocol import (IOCTL, LEN, MAX_BATCH_CALLS, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame,
+                       json_frame, pack_items, pack_regions, parse_batch, parse_control, parse_ioctl,
+                       parse_json_object)
 from .state import SimQueue
 from .timing import max_waves
 
@@ -160,7 +172,7 @@ class SimServer(ConnectionLoop):
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
-        self.backlog = {}             # connections with a whole request waiting, in turn order
+        self.backlog = {}             # connection -> (when its waiting request was made, stamped?), in turn order
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
         self.running = True
@@ -191,25 +203,38 @@ class SimServer(ConnectionLoop):
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         (self.dir / "ready").write_text(str(os.getpid()))
         while self.running:
-            for key, events in self.sel.select(timeout=0 if self.backlog else 0.5):
-                kind, obj = key.data
-                if self._handle_event(kind, obj, events):
-                    continue
-                if kind == "smi":
-                    self.kfd.smi.on_readable(obj)
-                elif kind == "owner":
-                    self.log(f"pid {obj} exited; stopping (KFDTOOL_SIM_EXIT_WITH)")
-                    self.running = False
-                elif kind == "wake":
-                    self.wake.acknowledge()
+            self._poll(timeout=0 if self.backlog else 0.5)
             self._take_turns()
-            self._retry_blocked()
-            if not self.backlog:            # with one, we are back at once: sleepers are looked at then
-                self._arm_wake()
+            # what was sent while the round was handled is read now (or waits in a connection
+            # queued for its turn), so that sleepers are looked at no later than it was made
+            polled_ns = self._poll(timeout=0)
+            with clock.applying_at(self._applied_at(self._horizon_ns(polled_ns), False)):
+                self._retry_blocked()
+                if not self.backlog:        # with one, we are back at once: sleepers are looked at then
+                    self._arm_wake()
             self._register_smi()
             self._resume_accepting()
         for path in (self.dir / "ready", self.socket_path):     # `stop` waits for the socket to go
             path.unlink(missing_ok=True)
+
+    def _poll(self, timeout):
+        """Take what the selector has (requests are read into their connections' inboxes, not
+        handled); returns the moment it looked: what was sent before then has been read, or waits
+        in the socket of a connection queued for its turn."""
+        ready = self.sel.select(timeout=timeout)
+        polled_ns = time.monotonic_ns()
+        for key, events in ready:
+            kind, obj = key.data
+            if self._handle_event(kind, obj, events):
+                continue
+            if kind == "smi":
+                self.kfd.smi.on_readable(obj)
+            elif kind == "owner":
+                self.log(f"pid {obj} exited; stopping (KFDTOOL_SIM_EXIT_WITH)")
+                self.running = False
+            elif kind == "wake":
+                self.wake.acknowledge()
+        return polled_ns
 
     def _exit_with(self, pid):
         """Stop when `pid` exits, kill -9 included: a test run that is killed leaves no server."""
@@ -264,16 +289,34 @@ class SimServer(ConnectionLoop):
     def _take_requests(self, conn):
         """Queue the connection for its turn if a whole request of it waits and it takes one now:
         requests are handled only in turns (`_take_turns`)."""
-        if conn.takes_requests and _whole_request(conn.inbox):
-            self.backlog[conn] = None
+        if conn.takes_requests and _whole_request(conn.inbox) and conn not in self.backlog:
+            self.backlog[conn] = _made_at_of_head(conn.inbox.data, time.monotonic_ns())
+
+    def _horizon_ns(self, polled_ns):
+        """How far the model may be played for sleepers: to the last poll of the sockets, but not
+        past a stamped request read and not yet handled (it takes effect as of when it was made)."""
+        return min((made for made, stamped in self.backlog.values() if stamped), default=polled_ns) \
+            if self.backlog else polled_ns
 
     def _take_turns(self):
-        """One request of every connection queued when the round began, in turn order; one with
-        another request waiting goes to the back of the line, for the next round."""
-        for conn in list(self.backlog):
-            if conn not in self.backlog:    # closed meanwhile
+        """One round: one request of every connection with one waiting, in the order they were
+        made (an unstamped request: when it was read). What arrives meanwhile joins the round
+        (a connection at most once); a connection whose next request was made no later than every
+        other one waiting goes on, up to MAX_BATCH_CALLS requests a round (its doorbells posted one
+        after another, read as they came); any other goes to the back of the line, for the next
+        round."""
+        turns, taken, order = [], collections.Counter(), itertools.count()
+
+        def join():
+            for conn, (made, _stamped) in list(self.backlog.items()):
+                if not taken[conn]:
+                    del self.backlog[conn]
+                    heapq.heappush(turns, (made, next(order), conn))
+        join()
+        while turns:
+            _made, _order, conn = heapq.heappop(turns)
+            if conn.closed:
                 continue
-            del self.backlog[conn]
             if not (conn.takes_requests and _whole_request(conn.inbox)):
                 self._watch(conn)
                 continue
@@ -289,8 +332,15 @@ class SimServer(ConnectionLoop):
             except ProtocolError as e:
                 self._drop(conn, e)
                 continue
+            taken[conn] += 1
             self._take_requests(conn)
-            self._watch(conn)
+            self._watch(conn)               # read on, unless its next request is here already
+            self._poll(timeout=0)           # what was sent meanwhile, and when it was made
+            join()
+            made, stamped = self.backlog.get(conn, (None, False))
+            if stamped and taken[conn] < MAX_BATCH_CALLS and (not turns or made <= turns[0][0]):
+                del self.backlog[conn]
+                heapq.heappush(turns, (made, next(order), conn))
 
     def _watch(self, conn):
         """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
@@ -323,7 +373,7 @@ class SimServer(ConnectionLoop):
         elif kind == b"D":
             msg = parse_json_object(body, "doorbell")
             changes = msg.get("op") == "dispatch"
-            made_at = msg.get("at", 0) if changes else 0
+            made_at = msg.get("at", 0)
             act = partial(self._doorbell, conn, sender, msg)
         else:
             raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
@@ -498,7 +548,7 @@ class SimServer(ConnectionLoop):
         except SimErrno as e:
             ret = -e.errno
         self.kfd.timing.settle()
-        self.execution.replan(time.monotonic_ns())
+        self.execution.replan(clock.now_ns())
         answer(ret, out, {}, 0)
 
     def _retry_blocked(self):
@@ -516,7 +566,7 @@ class SimServer(ConnectionLoop):
     def _arm_wake(self):
         """The timerfd fires at the earliest moment a sleeping call may be answered."""
         self.wake.arm(self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for],
-                                             time.monotonic_ns()))
+                                             clock.now_ns()))
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
     def _doorbell(self, conn, sender, msg):
@@ -736,6 +786,27 @@ class SimServer(ConnectionLoop):
 def _reply_body(ret, out, regions, n_fds, returns_at):
     """An ioctl's answer after its kind byte (b"R", or an item of b"M"): see protocol.py."""
     return REPLY.pack(ret, len(out), len(regions), n_fds, returns_at) + out + pack_regions(regions.items())
+
+
+def _made_at_of_head(data, read_ns):
+    """(When the first request in `data`, a whole frame, was made, True) for a stamped one: an ioctl,
+    a batch (its first call) or a doorbell, kept within what clock.applied_at allows (a stamp from
+    the future is now; one more than MAX_LATE_NS old, that long ago). (`read_ns`, False) for any
+    other, or one that is malformed (refused when its turn comes)."""
+    payload = bytes(data[LEN.size:LEN.size + LEN.unpack_from(data)[0]])
+    kind, made = payload[:1], 0
+    try:
+        if kind == b"I":
+            made = IOCTL.unpack_from(payload, 1)[3]
+        elif kind == b"B":
+            made = IOCTL.unpack_from(payload, 1 + 2 * LEN.size)[3]
+        elif kind == b"D":
+            made = json.loads(payload[1:]).get("at", 0)
+    except (struct.error, ValueError, RecursionError, AttributeError):
+        made = 0
+    if isinstance(made, bool) or not isinstance(made, int) or made <= 0:
+        return read_ns, False
+    return min(read_ns, max(made, read_ns - clock.MAX_LATE_NS)), True
 
 
 def _whole_request(inbox):
