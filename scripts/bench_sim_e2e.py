@@ -28,6 +28,8 @@ programs here are launch-heavy Python, and the host's CPU count matters.
     python scripts/bench_sim_e2e.py --machines mi308x mi300x --lps 1 3 --seconds 26
     python scripts/bench_sim_e2e.py --machines mi308x --lps 1 --lv1-windows 1500 3000
     python scripts/bench_sim_e2e.py --table results/bench_sim_e2e_*.json     # the README table
+    python scripts/bench_sim_e2e.py --table FILES --device-side   # the service's P99 less the
+                                   # simulator's lateness in answering its waits (sim_job.py)
 Results: results/bench_sim_e2e_r<rep>.json (git revision, dirty flag, command, CPU count).
 """
 import argparse
@@ -167,6 +169,8 @@ def summarize(outputs):
             out.update(latency_summary(o["hp_latencies_s"]), hp_requests=len(o["hp_latencies_s"]))
             if o.get("hp_recorded_s"):         # until the simulator had taken its launches (sim_job.py)
                 out.update(latency_summary(o["hp_recorded_s"], prefix="hp_recorded"))
+            if o.get("hp_device_s"):           # less the simulator's lateness in answering its waits
+                out.update(latency_summary(o["hp_device_s"], prefix="hp_device"))
             if "gate" in o:
                 out["hp_gate"] = o["gate"]
     if lp_rates:
@@ -186,24 +190,30 @@ def ratios(doc):
             hp, lp = rows["hp-alone"]["hp_p99_ms"], rows["lp-alone"]["lp_iters_per_s"]
             key = f"{machine}/{lps}/{rows['lp-alone'].get('lp_kernel_us', 1000.0):g}"
             out[key] = {v: {"hp_p99_ms": rows[v]["hp_p99_ms"], "hp_p99_x": rows[v]["hp_p99_ms"] / hp,
-                                           "lp_share": rows[v]["lp_iters_per_s"] / lp}
-                                       for v in rows if v not in ("hp-alone", "lp-alone")}
+                            "lp_share": rows[v]["lp_iters_per_s"] / lp,
+                            **({"hp_device_p99_ms": rows[v]["hp_device_p99_ms"]} if "hp_device_p99_ms" in rows[v] else {})}
+                        for v in rows if v not in ("hp-alone", "lp-alone")}
             out[key]["hp_alone_p99_ms"] = hp
+            if "hp_device_p99_ms" in rows["hp-alone"]:
+                out[key]["hp_alone_device_p99_ms"] = rows["hp-alone"]["hp_device_p99_ms"]
     return out
 
 
-def table(paths):
+def table(paths, device_side=False):
     """Markdown: HP P99 (ms) and LP throughput (share of the LP alone) per variant over the given
-    runs: the value of one run, both of two, the median (min-max) of more."""
+    runs: the value of one run, both of two, the median (min-max) of more. `device_side`: the P99 of
+    the service's latencies less the simulator's lateness in answering its waits (sim_job.py)."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
+    p99, alone_p99 = ("hp_device_p99_ms", "hp_alone_device_p99_ms") if device_side else ("hp_p99_ms", "hp_alone_p99_ms")
     keys = sorted({k for r in runs for k in r["ratios"]}, key=lambda k: (k.split("/")[0], float(k.split("/")[2]),
                                                                         int(k.split("/")[1])))
     windows = sorted({v for r in runs for key in r["ratios"].values() for v in key if v.startswith(LV1_WINDOW)},
                      key=lv1_window_us)
     variants = ["native", "lv1", "lv3"] + windows
     titles = ["native", "Lv1", "Lv3"] + [f"Lv1, window {lv1_window_us(v) / 1000:g} ms" for v in windows]
-    lines = ["| machine | LP kernel | processes | HP P99 alone | "
-             + " | ".join(f"{t}: HP P99 / LP" for t in titles) + " |",
+    hp = "HP P99 on the device's side" if device_side else "HP P99"
+    lines = [f"| machine | LP kernel | processes | {hp} alone | "
+             + " | ".join(f"{t}: {hp} / LP" for t in titles) + " |",
              "|---|---|---|---|" + "---|" * len(titles)]
 
     def cell(values, fmt, unit=""):
@@ -217,12 +227,12 @@ def table(paths):
         machine, lps, kernel_us = key.split("/")
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
         row = [machine, f"{float(kernel_us) / 1000:g} ms", f"1 HP + {lps} LP",
-               cell([p["hp_alone_p99_ms"] for p in per], "{:.1f}", " ms")]
+               cell([p[alone_p99] for p in per], "{:.1f}", " ms")]
         for v in variants:
             if not any(v in p for p in per):
                 row.append("-")
                 continue
-            row.append(cell([p[v]["hp_p99_ms"] for p in per if v in p], "{:.1f}", " ms") + " / "
+            row.append(cell([p[v][p99] for p in per if v in p], "{:.1f}", " ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
     revisions = sorted({r['git_revision'][:7] for r in runs})
@@ -248,10 +258,12 @@ def main():
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out")
     p.add_argument("--table", nargs="+", metavar="RESULTS")
+    p.add_argument("--device-side", action="store_true",
+                   help="with --table: the service's P99 less the simulator's lateness in answering its waits")
     args = p.parse_args()
     args.variants += [f"{LV1_WINDOW}{us:g}" for us in args.lv1_windows]
     if args.table:
-        print(table(args.table))
+        print(table(args.table, args.device_side))
         return
     doc = {**provenance(), "serve": SERVE, "batch": BATCH + ["--kernel-us", str(args.lp_kernel_us)],
            "rows": []}

@@ -21,7 +21,7 @@ import pytest
 from kfdtool.cwsr.debugtrap import DebugTrapSuspend
 from kfdtool.device import KfdDevice
 from kfdtool.errors import SimulatorError
-from kfdtool.sim.hip import SimHip, SimModel
+from kfdtool.sim.hip import SimEvent, SimHip, SimModel
 from kfdtool.sim.protocol import frame
 from simhelpers import Client, in_child, start
 
@@ -151,6 +151,21 @@ def test_saturating_kernels_share_the_device_small_ones_run_side_by_side(hip):
     hip.launch(e, work_us=20_000, waves=WIDE)
     hip.stream_synchronize(e)
     assert time.monotonic() - t0 < 0.032
+
+
+def test_a_wait_names_when_its_work_completed_on_the_device_not_when_it_was_answered(hip):
+    """SimHip.synchronize returns the moment the event's last kernel completed on the model's clock
+    (what the device's completion signal would say), however much later the wait was made or
+    answered; an event that covers nothing names none."""
+    s = warm_stream(hip, 7)
+    launched = time.monotonic_ns()
+    hip.launch(s, work_us=20_000, waves=1)
+    event = hip.record(s)
+    time.sleep(0.08)                                  # done 60 ms before we wait
+    completed = hip.synchronize(event)
+    assert launched + 19_000_000 <= completed <= launched + 35_000_000, (completed - launched) / 1e6
+    assert time.monotonic_ns() - completed > 50_000_000
+    assert hip.synchronize(SimEvent(None, 0)) is None
 
 
 def test_a_kernel_arriving_on_a_full_device_waits_for_the_running_waves(hip):

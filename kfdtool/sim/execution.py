@@ -91,12 +91,13 @@ class Lane:
     Cohorts are [waves, end_ns] on slots, in the order of their ends (the next to retire first,
     one cohort per end); saved cohorts [waves, ns left] (CWSR)."""
 
-    __slots__ = ("q", "proc", "runnable", "retired", "has_head", "wave_ns", "undispatched",
+    __slots__ = ("q", "proc", "runnable", "retired", "retired_ns", "has_head", "wave_ns", "undispatched",
                  "cohorts", "resident", "saved", "saved_waves")
 
     def __init__(self, q, proc, runnable):
         self.q, self.proc, self.runnable = q, proc, runnable
         self.retired = 0                # kernels completed and not yet taken off q.kernels
+        self.retired_ns = []            # ... and when each of them completed
         self.has_head = False
         self.wave_ns = 0
         self.undispatched = 0           # head waves not yet dispatched
@@ -109,6 +110,7 @@ class Lane:
         twin = Lane(self.q, self.proc, self.runnable)
         twin.retired, twin.has_head, twin.wave_ns, twin.undispatched = (
             self.retired, self.has_head, self.wave_ns, self.undispatched)
+        twin.retired_ns = self.retired_ns[:]
         twin.cohorts = [c[:] for c in self.cohorts]
         twin.resident = self.resident
         twin.saved = [s[:] for s in self.saved]
@@ -275,6 +277,7 @@ class DeviceClock:
             lane.resident -= freed
             if not cohorts and not lane.undispatched and not lane.saved_waves:
                 lane.retired += 1
+                lane.retired_ns.append(at_ns)
                 self.load_head(lane)
 
     def dispatch(self, at_ns):
@@ -431,10 +434,11 @@ class Execution:
         is what is on slots now; an idle queue leaves the device's lanes."""
         q = lane.q
         if lane.retired:
-            for _ in range(lane.retired):
+            for moment in lane.retired_ns:
                 q.kernels.popleft()
-            q.completed += lane.retired
-            lane.retired = 0
+                q.completed += 1
+                q.completions.append((q.completed, moment))
+            lane.retired, lane.retired_ns = 0, []
         if q.resident_waves != lane.resident:
             q.sync_progress(now_ns)
             q.resident_waves = lane.resident

@@ -150,9 +150,13 @@ class SimHipRuntime:
         return self.doorbell("query", qid=event.qid)["completed"] >= event.signal
 
     def synchronize(self, event):
-        """Block this thread until the event is done; SimulatorError if its queue is destroyed first."""
+        """Block this thread until the event is done; SimulatorError if its queue is destroyed first.
+        Returns when its work completed on the simulated GPU (CLOCK_MONOTONIC ns; None for an event
+        that covers nothing, or one done so long ago the simulator no longer knows): this returns
+        later, by however long the simulator's one thread took to answer."""
         if event.qid is not None and event.signal:
-            self.doorbell("wait", qid=event.qid, count=event.signal)
+            return self.doorbell("wait", qid=event.qid, count=event.signal).get("completed_at")
+        return None
 
     def stream_synchronize(self, stream):
         self.synchronize(self.record(stream))

@@ -612,7 +612,9 @@ class SimServer(ConnectionLoop):
 
         def respond():
             if self.execution.completed(q, clock.now_ns()) >= count:
-                reply = {"ok": True, "completed": q.completed}
+                # when the work waited for ended on the model's clock: what the device's signal
+                # would say, however late this one thread got to answering
+                reply = {"ok": True, "completed": q.completed, "completed_at": q.completed_at(count)}
             else:
                 reply = {"error": f"queue {q.qid} of pid {proc.pid} was destroyed before completing {count} "
                                   f"kernels ({q.completed} done)"}

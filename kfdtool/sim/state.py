@@ -6,6 +6,9 @@ from ..ioctls import constants as c
 from . import clock
 
 
+COMPLETIONS_KEPT = 64      # completion moments a queue remembers (SimQueue.completions)
+
+
 @dataclass
 class SimQueue:
     qid: int
@@ -41,6 +44,19 @@ class SimQueue:
     kernels: collections.deque = field(default_factory=collections.deque)
     dispatched: int = 0
     completed: int = 0
+    # when the latest completions happened on the model's clock: (count, moment ns), the last
+    # COMPLETIONS_KEPT of them (what a wait reports as its work's end)
+    completions: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COMPLETIONS_KEPT))
+
+    def completed_at(self, count):
+        """When the queue's `count`-th kernel completed on the model's clock (ns), None if not
+        known (not yet, or longer ago than COMPLETIONS_KEPT completions)."""
+        for n, moment in reversed(self.completions):
+            if n == count:
+                return moment
+            if n < count:
+                return None
+        return None
 
     @property
     def is_compute(self):

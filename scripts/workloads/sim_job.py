@@ -35,18 +35,25 @@ def build(args):
 
 
 def serve(hip, stream, model, args, start_at):
-    """Also how long each request took until its launches were recorded: the simulator's one thread
-    has taken them then (SimHip.record), where a real runtime's record costs a memory write; the
-    rest is the wait for its work. The part of a request's time that is the simulator's own."""
-    recorded = []
+    """Each request's latency, and also: how long it took until its launches were recorded (the
+    simulator's one thread has taken them then, SimHip.record, where a real runtime's record costs a
+    memory write); and its latency less how long after its work completed on the simulated GPU its
+    wait returned (SimHip.synchronize names that moment; the simulator's thread answers when it
+    gets to it, where the device's signal wakes a waiter within microseconds). The latency on the
+    device's side, without the simulator's own lateness in answering."""
+    recorded, answer_lag = [], []
 
     def request():
         began = time.monotonic()
         event = model(stream)
         recorded.append(time.monotonic() - began)
-        hip.synchronize(event)
+        completed_ns = hip.synchronize(event)
+        answer_lag.append(0.0 if completed_ns is None else max(0.0, time.monotonic() - completed_ns / 1e9))
     latencies = open_loop(args.rate, args.seconds, request, args.warmup_s, t0=start_at)
-    return {"hp_latencies_s": latencies, "hp_recorded_s": recorded[-len(latencies):] if latencies else []}
+    n = len(latencies)
+    lags = answer_lag[len(answer_lag) - n:]
+    return {"hp_latencies_s": latencies, "hp_recorded_s": recorded[len(recorded) - n:],
+            "hp_device_s": [latency - lag for latency, lag in zip(latencies, lags)]}
 
 
 def batch(hip, stream, model, args, start_at):
