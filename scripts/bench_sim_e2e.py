@@ -227,12 +227,12 @@ def table(paths, device_side=False):
         machine, lps, kernel_us = key.split("/")
         per = [r["ratios"][key] for r in runs if key in r["ratios"]]
         row = [machine, f"{float(kernel_us) / 1000:g} ms", f"1 HP + {lps} LP",
-               cell([p[alone_p99] for p in per], "{:.1f}", " ms")]
+               cell([p[alone_p99] for p in per if alone_p99 in p], "{:.1f}", " ms")]
         for v in variants:
             if not any(v in p for p in per):
                 row.append("-")
                 continue
-            row.append(cell([p[v][p99] for p in per if v in p], "{:.1f}", " ms") + " / "
+            row.append(cell([p[v][p99] for p in per if p99 in p.get(v, {})], "{:.1f}", " ms") + " / "
                        + cell([p[v]["lp_share"] for p in per if v in p], "{:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
     revisions = sorted({r['git_revision'][:7] for r in runs})

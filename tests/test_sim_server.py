@@ -499,22 +499,64 @@ def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path
 
     def call(at):
         return frame(b"I" + IOCTL.pack(GET_VERSION, 8, 0, at) + bytes(8))
-    # written in this order, one connection each but the last
-    writes = [frame(b'C{"op": "status"}'), call(now - 4_000_000), doorbell(now - 6_000_000) + doorbell(now - 5_000_000),
-              doorbell(now - 3_000_000)]
-    clients = []
-    for data in writes:
+    def made(payload):
+        kind = payload[:1]
+        return json.loads(payload[1:])["at"] if kind == b"D" else IOCTL.unpack_from(payload, 1)[3] if kind == b"I" \
+            else "status"
+
+    def connect(data):
         server_end, client_end = socket.socketpair()
         srv._watch(srv._admit(server_end))
         client_end.sendall(data)
-        clients.append(client_end)
+        return client_end
+    # written in this order, one connection each but the third
+    ms = 1_000_000
+    clients = [connect(data) for data in (frame(b'C{"op": "status"}'), call(now - 4 * ms),
+                                          doorbell(now - 6 * ms) + doorbell(now - 5 * ms), doorbell(now - 3 * ms))]
     polled = srv._poll(timeout=0)
-    assert srv._horizon_ns(polled) == now - 6_000_000          # not past the earliest one waiting
+    assert srv._horizon_ns(polled) == now - 6 * ms            # not past the earliest one waiting
     srv._take_turns()
-    made = [json.loads(p[1:])["at"] if p[:1] == b"D" else IOCTL.unpack_from(p, 1)[3] if p[:1] == b"I" else "status"
-            for p in handled]
-    assert made == [now - 6_000_000, now - 5_000_000, now - 4_000_000, now - 3_000_000, "status"]
+    assert [made(p) for p in handled] == [now - 6 * ms, now - 5 * ms, now - 4 * ms, now - 3 * ms, "status"]
+    # two processes posting doorbells at the same time: interleaved as made, across rounds too
+    handled.clear()
+    clients += [connect(b"".join(doorbell(now - k * ms) for k in (10, 8, 6))),
+                connect(b"".join(doorbell(now - k * ms) for k in (9, 7, 5)))]
+    for _ in range(6):                                        # rounds, as the serve loop makes them
+        srv._poll(timeout=0)
+        srv._take_turns()
+    assert [made(p) for p in handled] == [now - k * ms for k in (10, 9, 8, 7, 6, 5)]
     for c in clients:
+        c.close()
+
+
+def test_a_round_stays_bounded_however_many_connect_meanwhile(tmp_path, monkeypatch):
+    """Connections that send their first request while a round is under way join it, but no more
+    than MAX_BATCH_CALLS of them: a client that keeps connecting cannot keep one round, and with it
+    the sleepers' checks and everyone else's next request, going for good."""
+    from kfdtool.sim.server import SimServer
+    srv = SimServer(tmp_path, "mi210", realtime=False)
+    handled = []
+    monkeypatch.setattr(srv, "_handle", lambda conn, payload, sender: handled.append(conn))
+    status = frame(b'C{"op": "status"}')
+    sockets = []
+
+    def connect():
+        server_end, client_end = socket.socketpair()
+        srv._watch(srv._admit(server_end))
+        client_end.sendall(status)
+        sockets.append(client_end)
+    connect()
+    poll = srv._poll
+
+    def poll_while_others_connect(timeout):
+        if len(sockets) < 1000:
+            connect()
+        return poll(timeout)
+    monkeypatch.setattr(srv, "_poll", poll_while_others_connect)
+    poll(timeout=0)
+    srv._take_turns()
+    assert len(handled) <= 1 + MAX_BATCH_CALLS < len(sockets)
+    for c in sockets:
         c.close()
 
 
