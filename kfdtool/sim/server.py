@@ -8,24 +8,23 @@ kernel's `current`.
 One thread, one selector, non-blocking sockets. Each connection is one thread of a client and
 makes one call at a time: its next request is taken only once the previous reply has been handed
 to the kernel's socket buffer in full (and no call of it sleeps in the simulated kernel), so a
-client that stops reading, or is stopped mid-reply, holds up only itself. Connections take turns
-in rounds: a client that posted a batch of doorbells goes to the back of the line once the others
-waiting made theirs earlier, so another process's ioctl (a debugger's SUSPEND_QUEUES) waits for the
-requests made before it, not for the batch (on the device, doorbells need no kernel at all). Bytes
-that break the protocol close that connection with a reason in server.log; the server keeps
-serving the rest.
+client that stops reading, or is stopped mid-reply, holds up only itself. Connections take turns:
+requests are handled in the order they were made, so a client that posted a batch of doorbells
+goes to the back of the line once another's request was made before its next one, and another
+process's ioctl (a debugger's SUSPEND_QUEUES) waits for the requests made before it, not for the
+batch (on the device, doorbells need no kernel at all). Bytes that break the protocol close that
+connection with a reason in server.log; the server keeps serving the rest.
 
 Requests are applied as of the moment their callers made them (clock.py), and the model is never
-played back, so the server also keeps to the order they were made in: a round takes its requests
-in that order, a connection goes on while its next request was made no later than every other one
-waiting (in the round or for the next), and the model is played for sleepers only up to the
-earliest moment a request it has read but not handled was made (`_horizon_ns`). Otherwise one
+played back, hence that order: rounds of at most MAX_BATCH_CALLS requests take them as made (what
+arrives meanwhile takes its place), and between rounds the model is played for sleepers only up to
+the earliest moment a request read and not handled was made (`_horizon_ns`). Otherwise one
 process's doorbells read a little late would take effect as late as the others' requests or the
 sleepers' checks handled before them had played the model (measured next to three batch jobs under
 Lv3: a service's kernels started p50 ~1.9 ms after their doorbells), a simulator artefact charged to
 whoever shares the server's thread. A client that lies about when it made its requests can move
-them ahead of others' by at most MAX_LATE_NS (clock.applied_at bounds a stamp the same way), at
-most MAX_BATCH_CALLS of them a round, and hold the sleepers' checks back by as much.
+them ahead of others' by at most MAX_LATE_NS (clock.applied_at bounds a stamp the same way) and
+hold the sleepers' checks back by as much.
 
 The simulated GPUs execute the kernels that processes ring into their queues (execution.py): after
 every request the server re-plans which kernels run, and a timerfd wakes it when a kernel someone
@@ -302,31 +301,30 @@ class SimServer(ConnectionLoop):
             if self.backlog else polled_ns
 
     def _take_turns(self):
-        """One round: one request of every connection with one waiting, in the order they were
-        made (an unstamped request: when it was read). Up to MAX_BATCH_CALLS connections that
-        send their first request of the round meanwhile join it (a connection at most once; the
-        round stays bounded however many connect). A connection whose next request was made no
-        later than every other one waiting, in the round or for the next, goes on, up to
-        MAX_BATCH_CALLS requests a round (its doorbells posted one after another, read as they
-        came); any other goes to the back of the line, for the next round."""
-        turns, taken, order = [], collections.Counter(), itertools.count()
-        joins = [len(self.backlog) + MAX_BATCH_CALLS]
+        """One round: up to MAX_BATCH_CALLS requests of the connections with one waiting, in the
+        order they were made (an unstamped request: when it came to the front of its connection's
+        inbox), each connection's one at a time. What is sent meanwhile is read after each request
+        and takes its place in that order (a doorbell posted right after another, a connection
+        that just connected), so a client that posted a batch of doorbells goes to the back of the
+        line once another's request was made before its next one. The rest waits for the next
+        round: the sleepers are looked at between rounds."""
+        turns, order = [], itertools.count()
 
         def join():
-            for conn, (made, _stamped) in list(self.backlog.items()):
-                if not taken[conn] and joins[0] > 0:
-                    joins[0] -= 1
-                    del self.backlog[conn]
-                    heapq.heappush(turns, (made, next(order), conn))
+            for conn, (made, stamped) in self.backlog.items():
+                heapq.heappush(turns, (made, next(order), conn, stamped))
+            self.backlog.clear()
         join()
-        while turns:
-            _made, _order, conn = heapq.heappop(turns)
+        handled = 0
+        while turns and handled < MAX_BATCH_CALLS:
+            _made, _order, conn, _stamped = heapq.heappop(turns)
             if conn.closed:
                 continue
             if not (conn.takes_requests and _whole_request(conn.inbox)):
                 self._watch(conn)
                 continue
             (length,) = LEN.unpack_from(conn.inbox.data)
+            handled += 1
             try:
                 if length > MAX_FRAME_BYTES:
                     raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
@@ -338,17 +336,13 @@ class SimServer(ConnectionLoop):
             except ProtocolError as e:
                 self._drop(conn, e)
                 continue
-            taken[conn] += 1
             self._take_requests(conn)
             self._watch(conn)               # read on, unless its next request is here already
             self._poll(timeout=0)           # what was sent meanwhile, and when it was made
             join()
-            made, stamped = self.backlog.get(conn, (None, False))
-            others = [other for c, (other, _stamped) in self.backlog.items() if c is not conn]
-            if stamped and taken[conn] < MAX_BATCH_CALLS and all(made <= other for other in others) and (
-                    not turns or made <= turns[0][0]):
-                del self.backlog[conn]
-                heapq.heappush(turns, (made, next(order), conn))
+        for made, _order, conn, stamped in turns:       # for the next round
+            if not conn.closed:
+                self.backlog[conn] = (made, stamped)
 
     def _watch(self, conn):
         """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
