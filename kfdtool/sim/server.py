@@ -174,7 +174,7 @@ class SimServer(ConnectionLoop):
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
-        self.backlog = {}             # connection -> (when its waiting request was made, stamped?), in turn order
+        self.backlog = {}             # connection with a whole request waiting -> (when it was made, stamped?)
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
         self.running = True
@@ -297,8 +297,7 @@ class SimServer(ConnectionLoop):
     def _horizon_ns(self, polled_ns):
         """How far the model may be played for sleepers: to the last poll of the sockets, but not
         past a stamped request read and not yet handled (it takes effect as of when it was made)."""
-        return min((made for made, stamped in self.backlog.values() if stamped), default=polled_ns) \
-            if self.backlog else polled_ns
+        return min([made for made, stamped in self.backlog.values() if stamped] + [polled_ns])
 
     def _take_turns(self):
         """One round: up to MAX_BATCH_CALLS requests of the connections with one waiting, in the
