@@ -365,9 +365,12 @@ class Execution:
                              f"{len(q.kernels)} are outstanding: no room for {len(checked)} more")
         q.kernels.extend(checked)
         q.dispatched += len(checked)
-        if id(q) not in clock.lanes:
-            clock.add_lane(q, proc, q.is_active)
-        clock.epoch += 1
+        clock.epoch += 1                  # a projection made before must see the new packets
+        if id(q) in clock.lanes:
+            # behind a head still running: nothing runs differently now (its packet processor
+            # reaches these when the head completes), so no re-plan of every device
+            return q.dispatched
+        clock.add_lane(q, proc, q.is_active)
         self.replan(now_ns)
         return q.dispatched
 

@@ -380,7 +380,8 @@ class SimServer(ConnectionLoop):
             raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
         with clock.applying_at(self._applied_at(made_at, changes)) as at:
             act()
-            self.execution.replan(at)     # the request may have changed what runs
+            if kind != b"D":              # a doorbell re-plans itself where it changes what runs (Execution.dispatch)
+                self.execution.replan(at)     # the request may have changed what runs
 
     def _applied_at(self, made_at, changes):
         """When a request made at `made_at` takes effect (clock.applied_at): never before a moment any
