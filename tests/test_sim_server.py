@@ -481,6 +481,22 @@ def test_an_open_the_server_cannot_watch_is_refused_not_leaked(server):
     assert srv.get_version()[0] == 1                         # with fds again, opens work
 
 
+def in_process_server(tmp_path, monkeypatch, record):
+    """A SimServer in this process whose requests go to `record(conn, payload)` instead of being handled."""
+    from kfdtool.sim.server import SimServer
+    srv = SimServer(tmp_path, "mi210", realtime=False)
+    monkeypatch.setattr(srv, "_handle", lambda conn, payload, sender: record(conn, payload))
+    return srv
+
+
+def admitted(srv, data):
+    """A client of `srv` (the other end of a socketpair it admitted) that has sent `data`."""
+    server_end, client_end = socket.socketpair()
+    srv._watch(srv._admit(server_end))
+    client_end.sendall(data)
+    return client_end
+
+
 def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path, monkeypatch):
     """The server applies each request as of when its caller made it and never plays its model back,
     so requests waiting together are handled in that order, whatever order they were read in (a
@@ -488,10 +504,8 @@ def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path
     next request was made before every other one waiting goes on (a doorbell posted right after
     another); an unstamped request (a control op) counts as made when read. Sleepers are looked at
     no later than the earliest stamped request still waiting."""
-    from kfdtool.sim.server import SimServer
-    srv = SimServer(tmp_path, "mi210", realtime=False)
     handled = []
-    monkeypatch.setattr(srv, "_handle", lambda conn, payload, sender: handled.append(payload))
+    srv = in_process_server(tmp_path, monkeypatch, lambda conn, payload: handled.append(payload))
     now = time.monotonic_ns()
 
     def doorbell(at):
@@ -503,15 +517,9 @@ def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path
         kind = payload[:1]
         return json.loads(payload[1:])["at"] if kind == b"D" else IOCTL.unpack_from(payload, 1)[3] if kind == b"I" \
             else "status"
-
-    def connect(data):
-        server_end, client_end = socket.socketpair()
-        srv._watch(srv._admit(server_end))
-        client_end.sendall(data)
-        return client_end
     # written in this order, one connection each but the third
     ms = 1_000_000
-    clients = [connect(data) for data in (frame(b'C{"op": "status"}'), call(now - 4 * ms),
+    clients = [admitted(srv, data) for data in (frame(b'C{"op": "status"}'), call(now - 4 * ms),
                                           doorbell(now - 6 * ms) + doorbell(now - 5 * ms), doorbell(now - 3 * ms))]
     polled = srv._poll(timeout=0)
     assert srv._horizon_ns(polled) == now - 6 * ms            # not past the earliest one waiting
@@ -519,8 +527,8 @@ def test_requests_read_together_are_handled_in_the_order_they_were_made(tmp_path
     assert [made(p) for p in handled] == [now - 6 * ms, now - 5 * ms, now - 4 * ms, now - 3 * ms, "status"]
     # two processes posting doorbells at the same time: interleaved as made, across rounds too
     handled.clear()
-    clients += [connect(b"".join(doorbell(now - k * ms) for k in (10, 8, 6))),
-                connect(b"".join(doorbell(now - k * ms) for k in (9, 7, 5)))]
+    clients += [admitted(srv, b"".join(doorbell(now - k * ms) for k in (10, 8, 6))),
+                admitted(srv, b"".join(doorbell(now - k * ms) for k in (9, 7, 5)))]
     for _ in range(6):                                        # rounds, as the serve loop makes them
         srv._poll(timeout=0)
         srv._take_turns()
@@ -533,24 +541,15 @@ def test_a_round_stays_bounded_however_many_connect_meanwhile(tmp_path, monkeypa
     """Connections that send their first request while a round is under way join it, but a round
     takes at most MAX_BATCH_CALLS requests: a client that keeps connecting cannot keep one round, and
     with it the sleepers' checks, going for good."""
-    from kfdtool.sim.server import SimServer
-    srv = SimServer(tmp_path, "mi210", realtime=False)
     handled = []
-    monkeypatch.setattr(srv, "_handle", lambda conn, payload, sender: handled.append(conn))
+    srv = in_process_server(tmp_path, monkeypatch, lambda conn, payload: handled.append(conn))
     status = frame(b'C{"op": "status"}')
-    sockets = []
-
-    def connect():
-        server_end, client_end = socket.socketpair()
-        srv._watch(srv._admit(server_end))
-        client_end.sendall(status)
-        sockets.append(client_end)
-    connect()
+    sockets = [admitted(srv, status)]
     poll = srv._poll
 
     def poll_while_others_connect(timeout):
         if len(sockets) < 1000:
-            connect()
+            sockets.append(admitted(srv, status))
         return poll(timeout)
     monkeypatch.setattr(srv, "_poll", poll_while_others_connect)
     poll(timeout=0)

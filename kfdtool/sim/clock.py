@@ -26,10 +26,15 @@ def now_ns():
     return time.monotonic_ns() if at is None else at
 
 
+def is_stamp(made_at):
+    """A moment a caller says it made its request: a positive whole number of ns (0: none)."""
+    return not isinstance(made_at, bool) and isinstance(made_at, int) and made_at > 0
+
+
 def applied_at(made_at, played_ns, now):
     """When a request its caller made at `made_at` takes effect, the model having been played to
     `played_ns`: see above. 0, or anything but a whole number of ns: now."""
-    if isinstance(made_at, bool) or not isinstance(made_at, int) or made_at <= 0:
+    if not is_stamp(made_at):
         return now
     return min(now, max(made_at, played_ns, now - MAX_LATE_NS))
 

@@ -91,13 +91,12 @@ class Lane:
     Cohorts are [waves, end_ns] on slots, in the order of their ends (the next to retire first,
     one cohort per end); saved cohorts [waves, ns left] (CWSR)."""
 
-    __slots__ = ("q", "proc", "runnable", "retired", "retired_ns", "has_head", "wave_ns", "undispatched",
+    __slots__ = ("q", "proc", "runnable", "retired_ns", "has_head", "wave_ns", "undispatched",
                  "cohorts", "resident", "saved", "saved_waves")
 
     def __init__(self, q, proc, runnable):
         self.q, self.proc, self.runnable = q, proc, runnable
-        self.retired = 0                # kernels completed and not yet taken off q.kernels
-        self.retired_ns = []            # ... and when each of them completed
+        self.retired_ns = []            # when each kernel completed that is not yet taken off q.kernels
         self.has_head = False
         self.wave_ns = 0
         self.undispatched = 0           # head waves not yet dispatched
@@ -108,14 +107,18 @@ class Lane:
 
     def copy(self):
         twin = Lane(self.q, self.proc, self.runnable)
-        twin.retired, twin.has_head, twin.wave_ns, twin.undispatched = (
-            self.retired, self.has_head, self.wave_ns, self.undispatched)
-        twin.retired_ns = self.retired_ns[:]
+        twin.retired_ns, twin.has_head, twin.wave_ns, twin.undispatched = (
+            self.retired_ns[:], self.has_head, self.wave_ns, self.undispatched)
         twin.cohorts = [c[:] for c in self.cohorts]
         twin.resident = self.resident
         twin.saved = [s[:] for s in self.saved]
         twin.saved_waves = self.saved_waves
         return twin
+
+    @property
+    def retired(self):
+        """Kernels completed and not yet taken off q.kernels."""
+        return len(self.retired_ns)
 
     @property
     def wants(self):
@@ -276,7 +279,6 @@ class DeviceClock:
             self.free += freed
             lane.resident -= freed
             if not cohorts and not lane.undispatched and not lane.saved_waves:
-                lane.retired += 1
                 lane.retired_ns.append(at_ns)
                 self.load_head(lane)
 
@@ -337,6 +339,7 @@ class Execution:
         self.clocks = {gpu: DeviceClock(gpu, max_waves(dev.node), dev.cwsr_enabled)
                        for gpu, dev in kfd.devices.items()}
         self.wakes = {}                 # gpu_id -> (epoch, waits, moment): the device's last wake_ns
+        self.played_ns = 0              # the furthest any device was played to (the model does not go back)
 
     # --- dispatch and completion ------------------------------------------------------------------
     def dispatch(self, proc, q, kernels, now_ns):
@@ -399,9 +402,13 @@ class Execution:
     def catch_up(self, gpu_id, now_ns):
         """Play the device's events up to `now_ns` under its plan and record them in its queues."""
         clock = self.clocks[gpu_id]
-        clock.advance(now_ns)
+        self._advance(clock, now_ns)
         for lane in list(clock.lanes.values()):
             self._record(clock, lane, now_ns)
+
+    def _advance(self, clock, now_ns):
+        clock.advance(now_ns)
+        self.played_ns = max(self.played_ns, clock.last_ns)
 
     def replan(self, now_ns):
         """After anything that may have changed which queues run (every request the server
@@ -411,7 +418,7 @@ class Execution:
         for gpu_id, clock in self.clocks.items():
             if not clock.lanes and clock.stalled_until_ns <= clock.last_ns:
                 continue
-            clock.advance(now_ns)
+            self._advance(clock, now_ns)
             changed = False
             for lane in list(clock.lanes.values()):
                 if not _exists(lane.q, lane.proc):
@@ -436,12 +443,12 @@ class Execution:
         """Write a lane's progress into its queue: completed kernels leave the ring, resident_waves
         is what is on slots now; an idle queue leaves the device's lanes."""
         q = lane.q
-        if lane.retired:
+        if lane.retired_ns:
             for moment in lane.retired_ns:
                 q.kernels.popleft()
                 q.completed += 1
-                q.completions.append((q.completed, moment))
-            lane.retired, lane.retired_ns = 0, []
+                q.completion_ns.append(moment)
+            lane.retired_ns = []
         if q.resident_waves != lane.resident:
             q.sync_progress(now_ns)
             q.resident_waves = lane.resident

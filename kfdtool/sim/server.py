@@ -388,9 +388,7 @@ class SimServer(ConnectionLoop):
         device was played to (the model does not go back), nor before a request handled earlier
         that may have changed what runs (a reactivation on MES plays no device), so those are
         applied in the order handled."""
-        floor = self.changed_at_ns
-        if made_at:                        # only a stamp needs how far the model was played (a scan of the devices)
-            floor = max(floor, max((c.last_ns for c in self.execution.clocks.values()), default=0))
+        floor = max(self.changed_at_ns, self.execution.played_ns)
         at = clock.applied_at(made_at, floor, time.monotonic_ns())
         if changes:
             self.changed_at_ns = at
@@ -794,9 +792,9 @@ def _reply_body(ret, out, regions, n_fds, returns_at):
 
 def _made_at_of_head(data, read_ns):
     """(When the first request in `data`, a whole frame, was made, True) for a stamped one: an ioctl,
-    a batch (its first call) or a doorbell, kept within what clock.applied_at allows (a stamp from
-    the future is now; one more than MAX_LATE_NS old, that long ago). (`read_ns`, False) for any
-    other, or one that is malformed (refused when its turn comes)."""
+    a batch (its first call) or a doorbell, as clock.applied_at would apply it when read (a stamp
+    from the future is now; one more than MAX_LATE_NS old, that long ago). (`read_ns`, False) for
+    any other, or one that is malformed (refused when its turn comes)."""
     payload = bytes(data[LEN.size:LEN.size + LEN.unpack_from(data)[0]])
     kind, made = payload[:1], 0
     try:
@@ -808,9 +806,7 @@ def _made_at_of_head(data, read_ns):
             made = json.loads(payload[1:]).get("at", 0)
     except (struct.error, ValueError, RecursionError, AttributeError):
         made = 0
-    if isinstance(made, bool) or not isinstance(made, int) or made <= 0:
-        return read_ns, False
-    return min(read_ns, max(made, read_ns - clock.MAX_LATE_NS)), True
+    return (clock.applied_at(made, 0, read_ns), True) if clock.is_stamp(made) else (read_ns, False)
 
 
 def _whole_request(inbox):

@@ -6,7 +6,7 @@ from ..ioctls import constants as c
 from . import clock
 
 
-COMPLETIONS_KEPT = 64      # completion moments a queue remembers (SimQueue.completions)
+COMPLETIONS_KEPT = 64      # completion moments a queue remembers (SimQueue.completion_ns)
 
 
 @dataclass
@@ -44,19 +44,15 @@ class SimQueue:
     kernels: collections.deque = field(default_factory=collections.deque)
     dispatched: int = 0
     completed: int = 0
-    # when the latest completions happened on the model's clock: (count, moment ns), the last
-    # COMPLETIONS_KEPT of them (what a wait reports as its work's end)
-    completions: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COMPLETIONS_KEPT))
+    # when the latest COMPLETIONS_KEPT completions happened on the model's clock (ns), the last
+    # one the `completed`-th (what a wait reports as its work's end)
+    completion_ns: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COMPLETIONS_KEPT))
 
     def completed_at(self, count):
         """When the queue's `count`-th kernel completed on the model's clock (ns), None if not
         known (not yet, or longer ago than COMPLETIONS_KEPT completions)."""
-        for n, moment in reversed(self.completions):
-            if n == count:
-                return moment
-            if n < count:
-                return None
-        return None
+        back = self.completed - count
+        return self.completion_ns[-1 - back] if 0 <= back < len(self.completion_ns) else None
 
     @property
     def is_compute(self):
