@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarise an `xsched-lv3 daemon --trace FILE` (or BENCH_DAEMON_TRACE) file: how long SUSPEND_QUEUES
 and RESUME_QUEUES calls took, and how long after the activation it serves each suspend started (the
-daemon's wake-up lag). Percentiles in microseconds.
+daemon's lag), and of that how long until its loop woke (traces since this line was added). Percentiles in microseconds.
 
     python scripts/daemon_trace_summary.py /tmp/daemon.trace
     python scripts/daemon_trace_summary.py results/diagnostics/trace_mi308x_16cpu_c0ef027.txt.gz
@@ -13,13 +13,13 @@ import sys
 
 from benchlib import percentile  # (next to this script) the benchmarks' one rank rule
 
-SUSPEND = re.compile(r"suspend pid \d+ took (\d+) us(?: (\d+) us after the activation)?")
+SUSPEND = re.compile(r"suspend pid \d+ took (\d+) us(?: (\d+) us after the activation(?: \(woken after (\d+) us\))?)?")
 RESUME = re.compile(r"resume pid \d+ took (\d+) us")
 
 
 def read(path):
     opener = gzip.open if path.endswith(".gz") else open
-    suspends, lags, resumes = [], [], []
+    suspends, lags, wakes, resumes = [], [], [], []
     with opener(path, "rt") as f:
         for line in f:
             m = SUSPEND.search(line)
@@ -27,11 +27,14 @@ def read(path):
                 suspends.append(int(m.group(1)))
                 if m.group(2) is not None:
                     lags.append(int(m.group(2)))
+                if m.group(3) is not None:
+                    wakes.append(int(m.group(3)))
                 continue
             m = RESUME.search(line)
             if m:
                 resumes.append(int(m.group(1)))
-    return {"suspend call": suspends, "suspend lag after the activation": lags, "resume call": resumes}
+    return {"suspend call": suspends, "suspend lag after the activation": lags,
+            "  of which until the daemon woke": wakes, "resume call": resumes}
 
 
 def main(argv=None):

@@ -386,7 +386,8 @@ def test_a_kernel_that_admits_only_the_ptrace_parent_leaves_clients_at_lv1_for_g
 
 def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engine, tmp_path):
     """`daemon --trace`: each suspend says how long after the activation it serves it started (the
-    daemon's wake-up lag), counted from a client above it on its GPU, not from one on another GPU."""
+    daemon's lag), counted from a client above it on its GPU, not from one on another GPU, and of
+    that how long until the daemon's loop woke."""
     import re
     board, make_engine, hp_proc, lp_proc = fake_engine
     other = subprocess.Popen(["sleep", "30"])
@@ -400,16 +401,20 @@ def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engin
         board.set_active(hp, True)
         time.sleep(0.05)
         board.set_active(elsewhere, True)           # later, on another GPU: not what the LP yields to
+        engine.woken_at = time.monotonic()          # as the daemon's loop marks it on waking
         engine.sync()
         engine.close()
         line = (tmp_path / "trace").read_text()
-        lag_us = int(re.search(r"suspend pid %d took \d+ us (\d+) us after the activation" % lp_proc.pid,
-                               line).group(1))
-        assert 50_000 <= lag_us < 5_000_000, line
+        found = re.search(r"suspend pid %d took \d+ us (\d+) us after the activation \(woken after (\d+) us\)"
+                          % lp_proc.pid, line)
+        assert found, line
+        lag_us, woken_us = int(found.group(1)), int(found.group(2))
+        assert 50_000 <= woken_us <= lag_us < 5_000_000, line
         summary = subprocess.run([sys.executable, str(REPO / "scripts" / "daemon_trace_summary.py"),
                                   str(tmp_path / "trace")], capture_output=True, text=True, timeout=60)
         assert summary.returncode == 0, summary.stderr
         assert re.search(r"suspend lag after the activation +n= +1 +p50 +%d " % lag_us, summary.stdout), summary.stdout
+        assert re.search(r"of which until the daemon woke +n= +1 +p50 +%d " % woken_us, summary.stdout), summary.stdout
     finally:
         other.kill()
         other.wait()

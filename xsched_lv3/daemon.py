@@ -197,7 +197,9 @@ class Daemon(ConnectionLoop):
             if ready:
                 ready()
             while self.running:
-                for key, events in self.sel.select(timeout=self._timeout()):
+                events_now = self.sel.select(timeout=self._timeout())
+                self.engine.woken_at = time.monotonic()
+                for key, events in events_now:
                     kind, obj = key.data
                     if self._handle_event(kind, obj, events):
                         continue

@@ -222,6 +222,7 @@ class Lv3Engine:
         self.board, self.host, self.policy, self.log = board, host, policy, log
         self.attached_poll_s = attached_poll_s
         self.trace = trace                 # a file: one line per suspend/resume (`daemon --trace`)
+        self.woken_at = None               # when the daemon's loop last woke (the trace splits a suspend's lag)
         self.clients = {}                  # slot -> Client
         self.excused = set()               # (slot, ready_since) of activations whose process is stopped
         self.last_check = 0.0
@@ -559,6 +560,8 @@ class Lv3Engine:
         if self.trace is not None:
             try:
                 lag = f" {(call.started - woken_by) * 1e6:.0f} us after the activation" if woken_by else ""
+                if woken_by and self.woken_at is not None and self.woken_at >= woken_by:
+                    lag += f" (woken after {(self.woken_at - woken_by) * 1e6:.0f} us)"
                 self.trace.write(f"{call.started:.6f} {what} pid {c.pid} took {call.took_s * 1e6:.0f} us{lag}"
                                  + (f" queues {list(queues)}" if queues else "") + "\n")
                 self.trace.flush()
