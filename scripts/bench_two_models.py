@@ -15,6 +15,8 @@ imports. Variants, all measured in one run on one GPU:
                           `xsched-lv3 run -- python batch.py ...`: default options everywhere
   native-threads          both jobs as two threads of one process (pair_threads.py), plain streams
   xsched-threads          the same, each thread bound with `xt.client(priority=...)`, defaults
+  native-threads-prio, xsched-threads-prio  with --stream-priority: the same with the service thread's
+                          stream at the device's highest priority, the batch thread's at the default
   xsched[-threads]-baseline  with --baseline CHECKOUT: the xsched variant with that tree's scheduler
   xsched[-threads]-strict with --strict: the service at --latency-slack 0 (strict priority: lower
                           clients held for every request), to show what holding only while they
@@ -89,6 +91,8 @@ def commands(variant, pair, seconds, window_us=None):
         "native-threads": [threads],
         "xsched-threads": [threads + ["--scheduled"]],
         "xsched-threads-strict": [threads + ["--scheduled", "--latency-slack", "0"]],
+        "native-threads-prio": [threads + ["--hp-stream-priority"]],
+        "xsched-threads-prio": [threads + ["--scheduled", "--hp-stream-priority"]],
     }[variant]
 
 
@@ -194,6 +198,8 @@ def co_run_variants(mode, args):
     variants.append(scheduled)
     if args.strict:
         variants.append(scheduled + "-strict")
+    if args.stream_priority and mode == "threads":
+        variants += ([] if args.no_native else ["native-threads-prio"]) + ["xsched-threads-prio"]
     return variants
 
 
@@ -246,7 +252,8 @@ def table(paths):
              "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training",
              "gpt2gen8-r50b64": "GPT-2 b1, 8 tokens a request, 5/s / ResNet-50 b64"}
     order = ["hp-alone", "hp-lp-between", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
-             "xsched-strict", "native-threads", "xsched-threads-baseline", "xsched-threads", "xsched-threads-strict"]
+             "xsched-strict", "native-threads", "native-threads-prio", "xsched-threads-baseline", "xsched-threads",
+             "xsched-threads-prio", "xsched-threads-strict"]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))
@@ -311,6 +318,9 @@ def main():
                    help="skip hp-lp-between (a long service's run, e.g. gpt2gen8-r50b64's, then fits a 10-minute call)")
     p.add_argument("--strict", action="store_true",
                    help="also run each mode's xsched variant with the service at --latency-slack 0 (strict priority)")
+    p.add_argument("--stream-priority", action="store_true",
+                   help="threads mode: also native-threads-prio and xsched-threads-prio, the service thread's "
+                        "stream at the highest priority")
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out", help="results file (default results/bench_two_models_<modes>_r<rep>.json)")
     p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the README table of these results")

@@ -31,6 +31,9 @@ def main():
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--scheduled", action="store_true", help="bind each thread with xt.client (defaults)")
     p.add_argument("--latency-slack", type=float, help="--scheduled: the service's latency slack (0: strict priority)")
+    p.add_argument("--hp-stream-priority", action="store_true",
+                   help="the service thread's stream at the device's highest priority (the batch thread's stays "
+                        "at the default): pending work of a higher-priority stream is dispatched first")
     p.add_argument("--no-hp", action="store_true")
     p.add_argument("--no-lp", action="store_true")
     p.add_argument("--switch-interval-ms", type=float,
@@ -68,7 +71,8 @@ def main():
 
     def run_role(kind, priority, fn):
         name, batch, train = args.hp if kind == "hp" else args.lp
-        stream = torch.cuda.Stream()
+        highest = torch.cuda.Stream.priority_range()[1]      # (lowest, highest): numerically lower is higher
+        stream = torch.cuda.Stream(priority=highest if kind == "hp" and args.hp_stream_priority else 0)
         options = {} if args.latency_slack is None or kind == "lp" else {"latency_slack": args.latency_slack}
         ctx = xt.client(priority=priority, **options) if xt else contextlib.nullcontext()
         with torch.cuda.stream(stream), ctx as gate:
