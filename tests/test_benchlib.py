@@ -93,11 +93,16 @@ def test_an_ab_of_two_schedulers_can_leave_out_the_unscheduled_co_run():
     import subprocess
     from argparse import Namespace
     import bench_two_models
-    args = Namespace(no_native=True, baseline="/some/tree", strict=False)
+    args = Namespace(no_native=True, baseline="/some/tree", strict=False, stream_priority=False)
     assert bench_two_models.co_run_variants("processes", args) == ["xsched-baseline", "xsched"]
     args.no_native = False
     assert bench_two_models.co_run_variants("threads", args) == ["native-threads", "xsched-threads-baseline",
                                                                  "xsched-threads"]
+    args.stream_priority, args.baseline = True, None           # threads only: the service's stream prioritised
+    assert bench_two_models.co_run_variants("threads", args) == ["native-threads", "xsched-threads",
+                                                                 "native-threads-prio", "xsched-threads-prio"]
+    assert bench_two_models.co_run_variants("processes", args) == ["native", "xsched"]
+    assert "--hp-stream-priority" in bench_two_models.commands("xsched-threads-prio", "r18b4-r50b64", 26)[0]
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_two_models.py"), "--no-native"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--no-native leaves a single co-run" in out.stderr
