@@ -1166,3 +1166,23 @@ def test_a_simulator_gone_under_a_back_to_back_suspend_is_the_kfd_gone_not_a_dae
     board.set_active(hp, True)
     engine.sync(now=100.001)
     assert [type(e) for e in gone] == [SimulatorError]
+
+
+def test_an_activation_is_served_before_the_daemon_looks_for_stopped_clients(fake_engine, monkeypatch):
+    """The look for stopped processes (a /proc read per active client) comes after the suspends an
+    activation wakes the daemon for, not before: it cannot excuse a new activation anyway, and read
+    first it delayed every suspend it was due with (about one activation in two at 20 requests a
+    second). What it finds is acted on at once (the daemon is asked to sync again)."""
+    import xsched_lv3.lv3 as lv3
+    looked = []
+
+    def look(states):
+        looked.append(len(FakeMechanism.calls))            # how many calls were made before this look
+        return {(q.id, q.ready_since) for q in states if q.ready}      # as if every active client stopped
+
+    monkeypatch.setattr(lv3, "stopped_activations", look)
+    board, engine, hp, lp, hp_proc, lp_proc = hp_and_lp(fake_engine, now=100.0)
+    board.set_active(hp, True)
+    assert engine.sync(now=100.1) == 100.1                   # what it found changed: sync again at once
+    assert FakeMechanism.calls == [("suspend", lp_proc.pid)] and looked[-1] == 1
+    engine.close()

@@ -57,6 +57,9 @@ from .policy import GAP_HISTORY, hold_for, shares_device
 
 LV1, LV3 = 1, 3
 RUNTIME_ON = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
+# A stopped process's activation is excused (it holds nobody) at most this long after it stopped
+# (plus one sync): each look reads /proc/<pid>/stat of every active client.
+STOPPED_CHECK_S = 0.05
 RETRY_ATTACH_S = 0.5           # a client whose GPU is not yet a KFD process: ask again this often
 # An attached process has no gate to say when it is busy: the daemon reads its queues' read and
 # write pointers this often, while it has a lower-priority client to preempt. The detection delay is
@@ -248,11 +251,8 @@ class Lv3Engine:
             if slot not in self.clients:
                 self.clients[slot] = Client(slot, s.pid)
                 board.write(slot, level=LV1, suspended=0, suspends=0, suspended_s=0.0, announce=False)
-        states = board.states(snapshot)
-        if now - self.last_check > 0.05:    # a stopped HP (SIGSTOP, a debugger) holds nobody
-            self.last_check = now
-            self.excused = stopped_activations(states)
-        states = excuse(states, self.excused)
+        unexcused = board.states(snapshot)
+        states = excuse(unexcused, self.excused)
         run = self.policy.decide(states, now).run
         wake_at = None
         to_suspend, to_resume = [], []
@@ -309,7 +309,20 @@ class Lv3Engine:
             except Error as e:
                 self._lost(c, f"queue snapshot failed ({e})")
         self._answer_runtime_events(now)
+        if self._look_for_stopped(unexcused, now):
+            wake_at = now                   # a stopped HP (SIGSTOP, a debugger) holds nobody: again at once
         return wake_at
+
+    def _look_for_stopped(self, states, now):
+        """Every STOPPED_CHECK_S, which activations belong to a stopped process (one /proc read each);
+        True if that changed. Looked at after the calls, not before: an activation that woke us is
+        new, so it cannot be stopped-and-excused yet (the set is keyed by activation), and the read
+        would only delay its suspends."""
+        if now - self.last_check <= STOPPED_CHECK_S:
+            return False
+        self.last_check = now
+        excused, self.excused = self.excused, stopped_activations(states)
+        return excused != self.excused
 
     def _answer_runtime_events(self, now):
         """Answer every Lv3 client that turned its GPU runtime off or on (it sleeps in the kernel
