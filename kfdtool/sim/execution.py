@@ -444,10 +444,10 @@ class Execution:
         is what is on slots now; an idle queue leaves the device's lanes."""
         q = lane.q
         if lane.retired_ns:
-            for moment in lane.retired_ns:
+            for _ in lane.retired_ns:
                 q.kernels.popleft()
-                q.completed += 1
-                q.completion_ns.append(moment)
+            q.completed += len(lane.retired_ns)
+            q.completion_ns.extend(lane.retired_ns)
             lane.retired_ns = []
         if q.resident_waves != lane.resident:
             q.sync_progress(now_ns)
