@@ -602,8 +602,9 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
     stops none of the others, none goes through the one-call path, and the caller takes at least
     the sum of their costs. Realtime and without CWSR a suspend drains its waves (ESTIMATE 1 ms,
     longer than the server takes to handle it), so each call returns later than the server's now:
-    the server ends the batch there (the next call cannot be applied in the future) and the client
-    makes the rest once it has returned."""
+    the server makes the next one when it has returned, as the caller's loop would, and all are
+    answered in one round trip (before, the caller was answered there and sent the rest: a round
+    trip a call, each after a wake-up of the caller)."""
     from kfdtool.cwsr.debugtrap import PreparedCall, make_back_to_back
     from kfdtool.device import dbg_trap_args
     from kfdtool.sim import runner
@@ -611,15 +612,17 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
     sim = runner.start(MACHINE, params={"cwsr_enable": 0})
     victims = [spawn_workload(MACHINE, "victim", queues=2, waves=400) for _ in range(2)]
     kfd = KfdDevice(sim.open_kfd())
-    one_by_one = []
-    single = kfd.backend.ioctl
+    one_by_one, round_trips = [], []
+    single, batch = kfd.backend.ioctl, kfd.backend._batch
     kfd.backend.ioctl = lambda request, arg: one_by_one.append(request) or single(request, arg)
+    kfd.backend._batch = lambda calls: round_trips.append(len(calls)) or batch(calls)
     try:
         with DebugTrapSuspend(kfd, victims[0]) as first, DebugTrapSuspend(kfd, victims[1]) as second:
             calls = [first.suspend_call(grace_period=1),
                      PreparedCall(dbg_trap_args("SUSPEND_QUEUES", os.getpid(), "suspend_queues"), lambda: None),
                      second.suspend_call(grace_period=1)]
             one_by_one.clear()
+            round_trips.clear()
             began = time.monotonic()
             done = make_back_to_back(kfd, calls)
             took = time.monotonic() - began
@@ -632,6 +635,7 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
             assert [o.outcome for o in done[2].outcomes] == ["suspended"] * 2
             assert not any(q["active"] for v in victims for q in states(sim, v).values())
             assert one_call_s >= 1e-3 and took >= 2 * one_call_s
+            assert round_trips == [3]
             resumed = make_back_to_back(kfd, [first.resume_call(), second.resume_call()])
             assert [[o.outcome for o in r.outcomes] for r in resumed] == [["resumed"] * 2] * 2
             assert one_by_one == []
@@ -640,6 +644,49 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
         kfd.close()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_only_its_own_calls(tmp_path,
+                                                                                                  monkeypatch):
+    """The server makes a batch's next call when the one before has returned (each suspend here
+    drains its waves, ~1 ms). A caller whose connection closes meanwhile loses the calls it had not
+    yet made, nothing else: the server serves on, with no error of its own, and the caller's
+    debuggee is resumed when it detaches."""
+    import socket
+    import threading
+    from kfdtool.cwsr.debugtrap import make_back_to_back
+    from kfdtool.sim import runner
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
+    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
+    victim = spawn_workload(MACHINE, "victim", queues=2, waves=400)
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        with DebugTrapSuspend(kfd, victim) as mech:
+            qids = sorted(states(sim, victim))
+            calls = [call for _ in range(32) for call in (mech.suspend_call(grace_period=1), mech.resume_call(qids))]
+            outcome = []
+
+            def make_them():
+                try:
+                    outcome.append(make_back_to_back(kfd, calls))
+                except errors.Error as e:
+                    outcome.append(e)
+            maker = threading.Thread(target=make_them)
+            maker.start()
+            time.sleep(0.02)                               # a few of its 64 calls of ~1 ms are made
+            kfd.backend._channels[-1].sock.shutdown(socket.SHUT_RDWR)
+            maker.join(10)
+            assert not maker.is_alive()
+            answers = outcome[0]
+            assert isinstance(answers, errors.Error) or all(isinstance(a, errors.Error) for a in answers)
+        assert all(q["active"] for q in states(sim, victim).values())
+        with sim.control() as ctl:
+            assert ctl("status")["preset"]
+        log = (sim.dir / "server.log").read_text()
+        assert "simulator bug" not in log and "Traceback" not in log
+    finally:
+        kfd.close()
+        os.kill(victim, signal.SIGKILL)
 
 
 def test_a_call_that_sleeps_in_the_kernel_ends_a_batch_and_the_rest_are_made_after_it(sim):

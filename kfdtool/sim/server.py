@@ -47,7 +47,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -140,6 +140,17 @@ class Connection:
 
 
 @dataclass(eq=False)
+class Batch:
+    """A b"B" being made by the server for its caller's thread: the calls not made yet, the replies
+    so far, when the last call made returns to the thread, and whether it sleeps in the kernel."""
+    caller: tuple
+    calls: collections.deque
+    replies: list = field(default_factory=list)
+    returned_at: int = 0
+    sleeping: bool = False
+
+
+@dataclass(eq=False)
 class Sleeper:
     """A call that sleeps in the simulated kernel until `blocked.ready()`; then `respond()` finishes
     it and replies. The wake timer fires when the simulated GPU may have completed `waits_for`
@@ -174,6 +185,7 @@ class SimServer(ConnectionLoop):
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
+        self.deferred = {}            # Connection -> Batch whose next call is made when the last returns
         self.backlog = {}             # connection with a whole request waiting -> (when it was made, stamped?)
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
@@ -296,8 +308,10 @@ class SimServer(ConnectionLoop):
 
     def _horizon_ns(self, polled_ns):
         """How far the model may be played for sleepers: to the last poll of the sockets, but not
-        past a stamped request read and not yet handled (it takes effect as of when it was made)."""
-        return min([made for made, stamped in self.backlog.values() if stamped] + [polled_ns])
+        past a stamped request read and not yet handled (it takes effect as of when it was made),
+        nor past the next call of a deferred batch (made when the one before returns)."""
+        return min([made for made, stamped in self.backlog.values() if stamped] +
+                   [batch.returned_at for batch in self.deferred.values()] + [polled_ns])
 
     def _take_turns(self):
         """One round: up to MAX_BATCH_CALLS requests of the connections with one waiting, in the
@@ -305,43 +319,64 @@ class SimServer(ConnectionLoop):
         inbox), each connection's one at a time. What is sent meanwhile is read after each request
         and takes its place in that order (a doorbell posted right after another, a connection
         that just connected), so a client that posted a batch of doorbells goes to the back of the
-        line once another's request was made before its next one. The rest waits for the next
-        round: the sleepers are looked at between rounds."""
+        line once another's request was made before its next one. A deferred batch whose last
+        call has returned takes its turn as made then (`_ioctls`; its turn carries the Batch where a
+        request's says whether it was stamped). The rest waits for the next round: the sleepers are
+        looked at between rounds."""
         turns, order = [], itertools.count()
 
         def join():
             for conn, (made, stamped) in self.backlog.items():
                 heapq.heappush(turns, (made, next(order), conn, stamped))
             self.backlog.clear()
+            now = time.monotonic_ns()
+            for conn, batch in list(self.deferred.items()):     # the next call, made as its last returns
+                if batch.returned_at <= now:
+                    del self.deferred[conn]
+                    heapq.heappush(turns, (batch.returned_at, next(order), conn, batch))
         join()
         handled = 0
         while turns and handled < MAX_BATCH_CALLS:
-            _made, _order, conn, _stamped = heapq.heappop(turns)
+            _made, _order, conn, stamped = heapq.heappop(turns)
             if conn.closed:
                 continue
-            if not (conn.takes_requests and _whole_request(conn.inbox)):
+            if isinstance(stamped, Batch):                      # its thread is back from the kernel
+                conn.sleeping = False
+                self._ioctls(conn, stamped)
+            elif not (conn.takes_requests and _whole_request(conn.inbox)):
                 self._watch(conn)
                 continue
-            (length,) = LEN.unpack_from(conn.inbox.data)
-            handled += 1
-            try:
-                if length > MAX_FRAME_BYTES:
-                    raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
-                message, senders = conn.inbox.take(LEN.size + length)
-                if len(senders) > 1:        # a syscall is made by one process
-                    raise ProtocolError(f"one request written by several processes "
-                                        f"(pids {sorted(pid for pid, _uid in senders)})")
-                self._handle(conn, message[LEN.size:], senders.pop())
-            except ProtocolError as e:
-                self._drop(conn, e)
+            elif not self._handle_next(conn):
                 continue
+            handled += 1
             self._take_requests(conn)
             self._watch(conn)               # read on, unless its next request is here already
             self._poll(timeout=0)           # what was sent meanwhile, and when it was made
             join()
         for made, _order, conn, stamped in turns:       # for the next round
-            if not conn.closed:
+            if conn.closed:
+                continue
+            if isinstance(stamped, Batch):
+                self.deferred[conn] = stamped
+            else:
                 self.backlog[conn] = (made, stamped)
+
+    def _handle_next(self, conn):
+        """Take the whole request at the front of `conn`'s inbox and handle it; False if it broke
+        the protocol (the connection is dropped)."""
+        (length,) = LEN.unpack_from(conn.inbox.data)
+        try:
+            if length > MAX_FRAME_BYTES:
+                raise ProtocolError(f"a frame of {length} bytes (MAX_FRAME_BYTES is {MAX_FRAME_BYTES})")
+            message, senders = conn.inbox.take(LEN.size + length)
+            if len(senders) > 1:        # a syscall is made by one process
+                raise ProtocolError(f"one request written by several processes "
+                                    f"(pids {sorted(pid for pid, _uid in senders)})")
+            self._handle(conn, message[LEN.size:], senders.pop())
+        except ProtocolError as e:
+            self._drop(conn, e)
+            return False
+        return True
 
     def _watch(self, conn):
         """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
@@ -367,7 +402,7 @@ class SimServer(ConnectionLoop):
             request, arg, regions, made_at = parse_ioctl(body)
             act = partial(self._ioctl, conn, sender, request, arg, regions)
         elif kind == b"B":
-            return self._ioctls(conn, sender, parse_batch(body))
+            return self._ioctls(conn, Batch(sender, collections.deque(parse_batch(body))))
         elif kind == b"C":
             def act():
                 self._send(conn, json_frame(self._control(conn, parse_control(body))))
@@ -441,6 +476,7 @@ class SimServer(ConnectionLoop):
             for f in fds:
                 f.close()
         self.blocked = [b for b in self.blocked if b.conn is not conn]
+        self.deferred.pop(conn, None)
         self.connections_of[conn.uid] -= 1
         if not self.connections_of[conn.uid]:
             del self.connections_of[conn.uid]
@@ -470,35 +506,37 @@ class SimServer(ConnectionLoop):
         self.kfd.timing.settle()
         self.execution.replan(time.monotonic_ns())
 
-    def _ioctls(self, conn, caller, calls):
+    def _ioctls(self, conn, batch):
         """b"B": the calls as one thread makes them in a loop: each is made when the one before
         returned to it (its "returns at": the DQM lock and the remap it waited for), or at its own
         stamp if that is later, and applied then (`_applied_at`); one b"M" answers them all. A call
-        that returns later than now, or sleeps in the kernel, ends the batch there (the next one
-        cannot be applied in the future): the reply goes now, or when it wakes, and the caller
+        that returns later than now defers the rest (`deferred`): the next is made when it returns,
+        in its turn among the other connections' requests (`_take_turns`), as the thread would make
+        it the moment it is back from the kernel, not a round trip to the caller later. A call that
+        sleeps in the kernel ends the batch there: the reply goes when it wakes, and the caller
         makes the rest after it has returned."""
-        replies, sleeping, returned_at = [], False, 0
-
         def answer(ret, out, regions, returns_at):
-            nonlocal returned_at
             for f in self.kfd.smi.pending_fds:          # an "M" carries no fds: SMI_EVENTS belongs in an "I"
                 f.close()
             self.kfd.smi.pending_fds = []
-            replies.append(_reply_body(ret, out, regions, 0, returns_at))
-            returned_at = returns_at or clock.now_ns()
-            if sleeping:                                # it woke: the batch ends with it
-                self._send(conn, frame(b"M" + pack_items(replies)))
+            batch.replies.append(_reply_body(ret, out, regions, 0, returns_at))
+            batch.returned_at = returns_at or clock.now_ns()
+            if batch.sleeping:                          # it woke: the batch ends with it
+                self._send(conn, frame(b"M" + pack_items(batch.replies)))
 
-        for request, arg, regions, made_at in calls:
-            if returned_at > time.monotonic_ns():
-                break
-            with clock.applying_at(self._applied_at(max(made_at, returned_at), True)) as at:
-                answered = self._ioctl(conn, caller, request, arg, regions, answer)
+        while batch.calls:
+            if batch.returned_at > time.monotonic_ns():
+                conn.sleeping = True                    # in the kernel until the call returns
+                self.deferred[conn] = batch
+                return
+            request, arg, regions, made_at = batch.calls.popleft()
+            with clock.applying_at(self._applied_at(max(made_at, batch.returned_at), True)) as at:
+                answered = self._ioctl(conn, batch.caller, request, arg, regions, answer)
                 self.execution.replan(at)
             if not answered:
-                sleeping = True                         # `answer` sends the reply when it wakes
+                batch.sleeping = True                   # `answer` sends the reply when it wakes
                 return
-        self._send(conn, frame(b"M" + pack_items(replies)))
+        self._send(conn, frame(b"M" + pack_items(batch.replies)))
 
     def _ioctl(self, conn, caller, request, arg, regions, answer=None):
         """kfd_chardev.c: kfd_ioctl on this connection's fd; `caller` (pid, uid) is `current`.
@@ -564,9 +602,11 @@ class SimServer(ConnectionLoop):
                 self._watch(sleeper.conn)
 
     def _arm_wake(self):
-        """The timerfd fires at the earliest moment a sleeping call may be answered."""
-        self.wake.arm(self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for],
-                                             clock.now_ns()))
+        """The timerfd fires at the earliest moment a sleeping call may be answered, or a deferred
+        batch's next call is made."""
+        wake = self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for], clock.now_ns())
+        returns = [batch.returned_at for batch in self.deferred.values()]
+        self.wake.arm(min(returns + ([wake] if wake is not None else [])) if returns else wake)
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
     def _doorbell(self, conn, sender, msg):
