@@ -31,7 +31,9 @@ alone, and every ratio is against the same run's baselines.
     python scripts/bench_two_models.py --pairs r18b4-r50b64 --baseline /abs/old --no-native   # scheduler A/B
 
 Results: results/bench_two_models_<modes>_r<rep>.json (git revision, dirty flag, command, card,
-CPU count in each).
+CPU count in each). Diagnostics: with BENCH_GC_LOG=1 in the environment each program also reports its
+interpreter's garbage collections of 1 ms or more (`gc_pauses`, `hp_gc_pauses`, `lp_gc_pauses`: seconds
+from the common start, generation, ms; threads mode: the one process's).
 """
 import argparse
 import json
@@ -142,7 +144,7 @@ def summarize(raw):
             out[f"hp_{part}_ms"] = [round(s * 1e3, 3) for s in raw[f"hp_{part}_s"]]
     if "lp_iters_per_s" in raw:
         out["lp_iters_per_s"] = raw["lp_iters_per_s"]
-    out.update({k: v for k, v in raw.items() if k.startswith("gap_")})
+    out.update({k: v for k, v in raw.items() if k.startswith("gap_") or k.endswith("gc_pauses")})
     out.update({k: v for k, v in raw.items() if k.endswith("_gate")})
     return out
 

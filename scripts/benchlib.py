@@ -10,6 +10,38 @@ import time
 from pathlib import Path
 
 
+class GcPauses:
+    """Diagnostics (BENCH_GC_LOG=1, `gc_pauses_if_asked`): the interpreter's garbage collections of at
+    least `min_ms`, as [seconds since `origin`, generation, ms]. A collection runs with the GIL held,
+    so it stops every thread of the process that needs it: in threads mode the service's too."""
+
+    def __init__(self, min_ms=1.0):
+        import gc
+        self.min_s, self.origin, self.found, self._began = min_ms / 1e3, time.monotonic(), [], None
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase, info):
+        now = time.monotonic()
+        if phase == "start":
+            self._began = now
+        elif self._began is not None:
+            if now - self._began >= self.min_s:
+                self.found.append([round(self._began - self.origin, 4), info["generation"],
+                                   round((now - self._began) * 1e3, 2)])
+            self._began = None
+
+    def since(self, origin):
+        return [[round(t + self.origin - origin, 4), gen, ms] for t, gen, ms in self.found]
+
+    def close(self):
+        import gc
+        gc.callbacks.remove(self._on_collection)
+
+
+def gc_pauses_if_asked():
+    return GcPauses() if os.environ.get("BENCH_GC_LOG") else None
+
+
 def open_loop(rate, seconds, request, warmup_s=0.0, t0=None, between=None, wake_late=None):
     """Call `request()` at `rate` per second for `seconds` (arrivals on a fixed schedule, whatever
     the previous request took). Returns latencies (completion - scheduled arrival) after warm-up.

@@ -225,3 +225,21 @@ def test_the_service_says_how_long_each_counted_request_waited_for_the_gpu_after
     import bench_two_models
     row = bench_two_models.summarize(out)
     assert row["hp_gpu_wait_ms"] == [2.0, 3.0, 4.0, 20.0] and row["hp_gpu_wait_max_ms"] == pytest.approx(20)
+
+
+def test_gc_pauses_are_timed_from_the_origin_a_caller_names():
+    """BENCH_GC_LOG's record: a full collection shows as generation 2, at a moment counted from
+    the origin given (the run's common start), however long after the recorder began."""
+    import gc
+    import time
+    from benchlib import GcPauses
+    pauses = GcPauses(min_ms=0)
+    try:
+        origin = time.monotonic()
+        gc.collect()
+        t, generation, ms = pauses.since(origin)[-1]
+        assert generation == 2 and ms >= 0 and 0 <= t <= time.monotonic() - origin
+    finally:
+        pauses.close()
+    gc.collect()
+    assert pauses.since(origin)[-1][0] <= t        # closed: no later collection recorded

@@ -14,7 +14,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from benchlib import iterations_per_second  # noqa: E402  (the benchmarks' one closed loop)
+from benchlib import gc_pauses_if_asked, iterations_per_second  # noqa: E402  (the benchmarks' one closed loop)
 from models import MODELS, build, wait_for_start  # noqa: E402
 
 
@@ -56,8 +56,12 @@ def main():
     args = p.parse_args()
     model, x = build(args.model, args.batch)
     step = make_step(model, x, args.train)
+    gc_pauses = gc_pauses_if_asked()
     start_at = wait_for_start()
-    print(json.dumps({"lp_iters_per_s": iterations_per_second(step, start_at, args.seconds, args.warmup_s)}), flush=True)
+    out = {"lp_iters_per_s": iterations_per_second(step, start_at, args.seconds, args.warmup_s)}
+    if gc_pauses:
+        out["lp_gc_pauses"] = gc_pauses.since(start_at)
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch import make_step  # noqa: E402
 from models import build, job_spec  # noqa: E402
 from serve import add_service_options, build_service, check_service, serve, warm  # noqa: E402
-from benchlib import iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
+from benchlib import gc_pauses_if_asked, iterations_per_second, open_loop  # noqa: E402  (serve's import put scripts/ on the path)
 
 
 def main():
@@ -107,6 +107,7 @@ def main():
     if not args.no_lp:
         threads.append(threading.Thread(target=role, args=("lp", 0, lambda step, t, gate: {
             "lp_iters_per_s": iterations_per_second(step, t, args.seconds, args.warmup_s)})))
+    gc_pauses = gc_pauses_if_asked()
     for t in threads:
         t.start()
     try:
@@ -120,6 +121,8 @@ def main():
         t.join()
     if failed:
         sys.exit("pair_threads: " + "; ".join(failed))
+    if gc_pauses and "at" in go:
+        results["gc_pauses"] = gc_pauses.since(go["at"])      # the process's: both threads stop
     print(json.dumps(results), flush=True)
 
 

@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from benchlib import open_loop  # noqa: E402  (the benchmarks' one arrival loop)
+from benchlib import gc_pauses_if_asked, open_loop  # noqa: E402  (the benchmarks' one arrival loop)
 from models import GPT2_TOKENS, MODELS, build, job_spec, wait_for_start  # noqa: E402
 from batch import make_step  # noqa: E402
 
@@ -196,8 +196,11 @@ def main():
     model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
     warm(model, x, request=request)
     between = gap_work(args.between_requests) if args.between_requests else None
+    gc_pauses = gc_pauses_if_asked()
     start_at = wait_for_start()
     served = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
+    if gc_pauses:
+        served["hp_gc_pauses"] = gc_pauses.since(start_at)
     print(json.dumps({**served, **(between.report() if between else {})}), flush=True)
 
 
