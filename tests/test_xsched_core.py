@@ -106,24 +106,6 @@ def test_hpf():
     assert d.run == {"hp", "lp"}                      # idle high priority does not block
 
 
-def test_hpf_leaves_a_thread_to_the_stream_priority_its_process_gave_the_higher_one():
-    """Threads of one process (one GPU context) whose higher client launches on a stream of a higher
-    priority (a lower number): the device serves that stream's work first, so the lower thread runs.
-    Another process, or streams of equal priority, or the higher client on the lower stream: held,
-    under HPF and under Laxity alike."""
-    def state(id, priority, pid, stream_priority, ready=True):
-        return QueueState(id, 7, ready, 0.0, {"priority": priority}, pid, stream_priority)
-    cases = [((100, -1), (100, 0), {"hp", "lp"}),      # one process, the service's stream first
-             ((100, -1), (200, 0), {"hp"}),            # another process: the GPU does not rank them
-             ((100, 0), (100, 0), {"hp"}),             # one process, streams of one priority
-             ((100, 0), (100, -1), {"hp"}),            # the batch thread's stream is the higher one
-             ((0, -1), (0, 0), {"hp"})]                # pids not known: never taken for one process
-    for (hp_pid, hp_sp), (lp_pid, lp_sp), run in cases:
-        queues = [state("hp", 10, hp_pid, hp_sp), state("lp", 0, lp_pid, lp_sp)]
-        assert HighestPriorityFirst().decide(queues, 0).run == run
-        assert Laxity().decide(queues, 0).run == run
-
-
 def test_bandwidth_partition_shares_time():
     policy = BandwidthPartition(timeslice_us=10000)
     queues = [q("a", utilization=75), q("b", utilization=25)]

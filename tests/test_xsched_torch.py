@@ -962,39 +962,6 @@ def test_a_thread_held_by_its_own_process_sleeps_until_woken(torch_fake):
     lp.close()
 
 
-def test_a_thread_below_a_client_on_a_higher_priority_stream_of_its_process_is_not_held(torch_fake):
-    """Threads of one process, the service's on a stream of a higher priority (a lower number, as
-    `torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1])` makes): the GPU serves its
-    work first, so the batch thread is neither held nor windowed while a request runs, and the
-    service does not track its requests for it. On streams of one priority (the default) it is held."""
-    torch, gpu, xt = torch_fake
-    from xsched_lv3.gate import Gate
-    for hp_stream_priority, held in ((-1, False), (0, True)):
-        made = {}
-
-        def make_service():
-            with torch.cuda.stream(torch.cuda.Stream(priority=hp_stream_priority)):
-                made["hp"] = Gate(xt.TorchRecorder(), priority=10, window_us=None)
-        maker = threading.Thread(target=make_service)
-        maker.start()
-        maker.join()
-        hp = made["hp"]
-        lp = Gate(xt.TorchRecorder(), priority=0, window_us=1000)      # this thread: the default stream
-        assert hp.board.read_slot(hp.slot).stream_priority == hp_stream_priority
-        hp.begin_request()
-        released = []
-        waiter = threading.Thread(target=lambda: (lp.check(), released.append(time.monotonic())))
-        waiter.start()
-        waiter.join(0.2)
-        assert bool(released) is not held
-        assert lp.guarded is held and (lp.window is not None) is held and hp.tracking is held
-        hp.end_request()
-        waiter.join(2)
-        assert released
-        hp.close()
-        lp.close()
-
-
 def test_a_held_thread_is_woken_by_its_holders_idle_mark_not_by_its_timeout(torch_fake, monkeypatch):
     """The holder wakes the threads held on it only where there are any (a service alone in its
     process skips the condition): one that waits is woken by the idle mark, not by its timeout."""

@@ -28,7 +28,7 @@ from kfdtool.pids import alive, start_time, state_and_start, stopped
 from . import daemon_link
 from .policy import POLICIES, QueueState
 
-MAGIC = b"XSLV3B07"
+MAGIC = b"XSLV3B06"
 SLOTS = 32
 REGISTER_TIMEOUT_S = 0.5                        # a daemon that does not answer: take a slot from the board
 HEADER = struct.Struct("<8sIIQiIQ")             # magic, slots, policy, generation, daemon: pid, -, start time
@@ -58,7 +58,6 @@ SLOT_FIELDS = (
     ("exposing", "I"),            # C: its requests run beside lower clients now (protection.py's verdict)
     ("started", "Q"),             # D/C: the client process's start time (/proc/PID/stat, 0: not known):
                                   # with the pid, it names that process after the pid is reused
-    ("stream_priority", "i"),     # C: its thread's stream's priority (policy.holds: threads of one process)
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 Slot = namedtuple("Slot", [name for name, _ in SLOT_FIELDS])
@@ -68,8 +67,7 @@ POLICY_NAMES = tuple(POLICIES)          # the header's policy field: 1 + an inde
 FIELD_STRUCT = {name: struct.Struct("<" + code) for name, code in SLOT_FIELDS}    # compiled once: writes are hot
 EMPTY_SLOT = Slot(pid=0, priority=0, active=0, tid=0, ready_since=float("nan"), utilization=float("nan"),
                   deadline_us=float("nan"), laxity_us=float("nan"), critical_priority=0, device=0, level=1,
-                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0, started=0,
-                  stream_priority=0)
+                  suspended=0, suspends=0, held=0, held_s=0.0, suspended_s=0.0, attached=0, exposing=0, started=0)
 SLOTS_OFFSET = HEADER.size
 _PID = struct.Struct("<i")                      # a slot's first field
 SIZE = SLOTS_OFFSET + SLOT.size * SLOTS
@@ -260,7 +258,7 @@ class Board:
             if s.critical_priority:
                 hints["critical_priority"] = s.critical_priority
             ready_since = s.ready_since if s.ready_since == s.ready_since else None
-            out.append(QueueState(i, s.device, bool(s.active), ready_since, hints, s.pid, s.stream_priority))
+            out.append(QueueState(i, s.device, bool(s.active), ready_since, hints, s.pid))
         return out
 
     @staticmethod
@@ -306,10 +304,9 @@ def excuse(states, excused):
     return [replace(q, ready=False) if (q.id, q.ready_since) in excused else q for q in states]
 
 
-def register_client(board, priority, tid, hints, device=0, stream_priority=0):
+def register_client(board, priority, tid, hints, device=0):
     """A client's slot: from the daemon when one serves this board (it is then the one writer of the
-    slot's identity and hints, and may preempt the process at Lv3), else straight from the board.
-    The device and the stream priority are the client's own to write."""
+    slot's identity and hints, and may preempt the process at Lv3), else straight from the board."""
     slot = None
     if board.daemon_pid():
         try:
@@ -325,8 +322,6 @@ def register_client(board, priority, tid, hints, device=0, stream_priority=0):
             board.set_hint(slot, key, value)
     elif device:
         board.set_device(slot, device)
-    if stream_priority:
-        board.write(slot, stream_priority=stream_priority)
     return slot
 
 

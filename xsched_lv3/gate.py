@@ -34,7 +34,7 @@ from functools import partial
 from . import daemon_link
 from .board import Board, excuse, register_client, stopped_activations
 from .gil import short_switch
-from .policy import GAP_HISTORY, check_hint, hold_for, holds, make_policy, shares_device
+from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
 from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow, check_window_us
 
@@ -155,8 +155,7 @@ class Gate:
         self._daemon, self._daemon_checked = 0, -1.0
         self.board.reap()                          # clients that died since: they guard nobody
         tid = 0 if whole_process else threading.get_native_id()
-        self.stream_priority = self._stream_priority()
-        self.slot = register_client(self.board, self.priority, tid, self.hints, self.device, self.stream_priority)
+        self.slot = register_client(self.board, self.priority, tid, self.hints, self.device)
         self._refresh(time.monotonic())
 
     # --- the board's view ----------------------------------------------------------------------------
@@ -184,10 +183,11 @@ class Gate:
         # Lv3: the daemon suspends our queues when we must yield; a dead daemon's word no longer holds
         slot_of = dict(slots)
         self.level = 3 if self._daemon and slot_of[self.slot].level == 3 else 1
+        mine = me.hints.get("priority", 0)
         peers = [q for q in states if q.id != self.slot and shares_device(q.device, me.device)]
         if self.policy.strict_priority:
-            above = [slot_of[q.id] for q in peers if holds(q, me)]
-            below = frozenset((q.id, q.pid) for q in peers if holds(me, q))
+            above = [slot_of[q.id] for q in peers if q.hints.get("priority", 0) > mine]
+            below = frozenset((q.id, q.pid) for q in peers if q.hints.get("priority", 0) < mine)
             guarded, tracking = bool(above), bool(below)
             exposed = guarded and all(s.exposing for s in above)
             if self._below is not None and below - self._below:
@@ -299,16 +299,8 @@ class Gate:
         board's change makes every client re-read its mode, this one included)."""
         self.device = self.recorder.device_key() or 0
         if self.device and self.slot is not None:
-            self.stream_priority = self._stream_priority()
-            self.board.write(self.slot, device=self.device, stream_priority=self.stream_priority)
+            self.board.set_device(self.slot, self.device)
         return bool(self.device)
-
-    def _stream_priority(self):
-        """The priority of the stream this thread launches on (lower: served first), read once the
-        process uses a GPU (reading it earlier would initialise one). A thread of a process whose
-        higher client's stream outranks it is not held by that client (policy.holds)."""
-        read = getattr(self.recorder, "stream_priority", None)
-        return int(read() or 0) if read is not None and self.device else 0
 
     def notice_device(self):
         """Where this process may have just started using a GPU within a request (a launch, a module

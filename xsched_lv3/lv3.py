@@ -53,7 +53,7 @@ from kfdtool.sysfs import SysfsRoot
 from kfdtool.topology import read_topology
 
 from .board import excuse, stopped_activations
-from .policy import GAP_HISTORY, hold_for, holds, shares_device
+from .policy import GAP_HISTORY, hold_for, shares_device
 
 LV1, LV3 = 1, 3
 RUNTIME_ON = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
@@ -263,7 +263,8 @@ class Lv3Engine:
                 # be a higher-priority thread), so the process goes back to its gates
                 self._lost(c, f"one of {per_pid[q.pid]} clients in pid {q.pid} (KFD queues belong to the process)")
             must_yield = q.id not in run
-            above = any(holds(o, q) for o in states if o.id != q.id) or not self.policy.strict_priority
+            above = any(o.hints.get("priority", 0) > q.hints.get("priority", 0) and shares_device(o.device, q.device)
+                        for o in states if o.id != q.id) or not self.policy.strict_priority
             if c.mech is None and (above or must_yield):
                 self._attach(c, None if slots[q.id].attached else q, per_pid[q.pid], now)
             elif c.mech is None and c.retry_at != float("inf"):

@@ -21,7 +21,6 @@ class QueueState:
     ready_since: float | None = None      # when it became ready (deadlines count from here)
     hints: dict = field(default_factory=dict)   # priority, utilization, deadline_us, laxity_us, ...
     pid: int = 0                          # the process it belongs to, where known (0: not known)
-    stream_priority: int = 0              # its thread's stream's priority (CUDA/HIP: lower is served first)
 
 
 @dataclass
@@ -63,30 +62,20 @@ def shares_device(a, b):
     return a == b or not a or not b
 
 
-def holds(higher, lower):
-    """Under strict priority, whether `higher`, while active, holds `lower` back: it has the higher
-    priority on a GPU they may share, unless both are threads of one process and `higher` launches
-    on a stream of a higher stream priority (a lower number): one context then, whose device
-    dispatches that stream's work ahead of the other's queued work, so holding the lower thread
-    would only idle the GPU. Measured on H200s (docs/measurements.md, *Stream priorities in threads
-    mode*): the priority stream alone kept a batch thread at 0.99 of alone where holding it kept
-    0.88-0.89. A kernel already running still runs on; only its unstarted blocks wait."""
-    return (higher.hints.get("priority", 0) > lower.hints.get("priority", 0)
-            and shares_device(higher.device, lower.device)
-            and not (higher.pid and higher.pid == lower.pid and higher.stream_priority < lower.stream_priority))
-
-
 class HighestPriorityFirst(Policy):
     """Per device: run the queues at or above the highest ready priority on their device (a queue
-    whose device is not known, 0, counts on every device), except where the device itself puts a
-    thread's work first (`holds`). Idle queues below it are held too: they have nothing in flight,
-    and their next command waits."""
+    whose device is not known, 0, counts on every device). Idle queues below it are held too: they
+    have nothing in flight, and their next command waits."""
     name = "hpf"
     strict_priority = True
 
     def decide(self, queues, now):
         ready = [q for q in queues if q.ready]
-        return Decision({q.id for q in queues if not any(holds(r, q) for r in ready if r.id != q.id)})
+
+        def bar(q):
+            return max((r.hints.get("priority", 0) for r in ready if shares_device(r.device, q.device)),
+                       default=-math.inf)
+        return Decision({q.id for q in queues if q.hints.get("priority", 0) >= bar(q)})
 
 
 class BandwidthPartition(Policy):
@@ -145,8 +134,7 @@ class Laxity(Policy):
                     prio = q.hints.get("critical_priority", prio + 100)
                 else:
                     wake = expiry if wake is None else min(wake, expiry)
-            effective.append(QueueState(q.id, q.device, q.ready, q.ready_since, {"priority": prio}, q.pid,
-                                        q.stream_priority))
+            effective.append(QueueState(q.id, q.device, q.ready, q.ready_since, {"priority": prio}))
         return Decision(HighestPriorityFirst().decide(effective, now).run, wake_at=wake)
 
 

@@ -115,11 +115,6 @@ class TorchRecorder:
     def wait(self, event):
         event.synchronize()         # releases the GIL while it waits
 
-    def stream_priority(self):
-        """The priority of this thread's current stream (CUDA/HIP: lower is served first, 0 by default).
-        The gate reads it only once the process uses a GPU."""
-        return getattr(self._current_stream(), "priority", 0)
-
     def device_key(self):
         """A number naming the current GPU the same way in every process (from its UUID, else its PCI
         address; CUDA_VISIBLE_DEVICES renumbers indices), or None while this process has not
@@ -314,15 +309,7 @@ def install():
 
 @contextmanager
 def client(priority=0, policy="hpf", window_us=DEFAULT_WINDOW_US, **hints):
-    """Bind the current thread to a scheduled client for the duration of the block.
-
-    Threads of one process share the GPU through one context: give the latency-critical thread a
-    stream of a higher priority before entering its block, e.g.
-    `with torch.cuda.stream(torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1])), client(priority=10):`
-    and the device dispatches its work ahead of lower threads' queued work; those are then not held
-    for it (policy.holds), which keeps their throughput. The scheduler does not move a program's
-    work to streams of its own choosing (the caching allocator's reuse across streams is the program's
-    to order)."""
+    """Bind the current thread to a scheduled client for the duration of the block."""
     install()
     gate = Gate(TorchRecorder(), priority, policy, window_us, **hints)
     previous = getattr(_local, "gate", None)
