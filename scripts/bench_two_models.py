@@ -226,8 +226,9 @@ def ratios(doc):
     return out
 
 
-def table(paths):
-    """The README table: median (min–max) over the repetitions in `paths`."""
+def table(paths, only=None):
+    """The README table: median (min–max) over the repetitions in `paths`; `only`: these variants'
+    rows (and hp-alone's), where the files hold others a table must not merge (another tree's)."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     per = {}
     for doc in docs:
@@ -256,6 +257,8 @@ def table(paths):
     order = ["hp-alone", "hp-lp-between", "lp-alone-xsched", "lp-alone-xsched-baseline", "native", "xsched-baseline", "xsched",
              "xsched-strict", "native-threads", "native-threads-prio", "xsched-threads-baseline", "xsched-threads",
              "xsched-threads-prio", "xsched-threads-strict"]
+    if only:
+        order = [v for v in order if v == "hp-alone" or v in only]
     for pair in PAIRS:
         for variant in order:
             got = per.get((pair, variant))
@@ -326,11 +329,13 @@ def main():
     p.add_argument("--rep", type=int, default=1)
     p.add_argument("--out", help="results file (default results/bench_two_models_<modes>_r<rep>.json)")
     p.add_argument("--table", nargs="+", metavar="RESULTS", help="print the README table of these results")
+    p.add_argument("--only", metavar="VARIANT,...", type=lambda text: text.split(","),
+                   help="with --table: only these variants' rows (comma-separated)")
     args = p.parse_args()
     if args.no_native and not (args.baseline or args.strict):
         p.error("--no-native leaves a single co-run: give --baseline CHECKOUT or --strict to compare it with")
     if args.table:
-        print(table(args.table), end="")
+        print(table(args.table, args.only), end="")
         return
     import torch                    # its version only: this process never touches the GPU
     doc = {"benchmark": "two models, one GPU, as users run them", **provenance(), "torch": torch.__version__,
