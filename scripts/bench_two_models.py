@@ -33,7 +33,8 @@ alone, and every ratio is against the same run's baselines.
 Results: results/bench_two_models_<modes>_r<rep>.json (git revision, dirty flag, command, card,
 CPU count in each). Diagnostics: with BENCH_GC_LOG=1 in the environment each program also reports its
 interpreter's garbage collections of 1 ms or more (`gc_pauses`, `hp_gc_pauses`, `lp_gc_pauses`: seconds
-from the common start, generation, ms; threads mode: the one process's).
+from the common start, negative while it built and warmed its models, generation, ms; threads mode: the one
+process's). Results at 906480d-d768f91 have the setup's collections in threads mode only.
 """
 import argparse
 import json

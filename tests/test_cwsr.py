@@ -636,6 +636,7 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
             assert not any(q["active"] for v in victims for q in states(sim, v).values())
             assert one_call_s >= 1e-3 and took >= 2 * one_call_s
             assert round_trips == [3]
+            assert took < 0.4        # not left to the server's 0.5 s poll: its wake timer fires for the next call
             resumed = make_back_to_back(kfd, [first.resume_call(), second.resume_call()])
             assert [[o.outcome for o in r.outcomes] for r in resumed] == [["resumed"] * 2] * 2
             assert one_by_one == []
@@ -649,9 +650,9 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
 def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_only_its_own_calls(tmp_path,
                                                                                                   monkeypatch):
     """The server makes a batch's next call when the one before has returned (each suspend here
-    drains its waves, ~1 ms). A caller whose connection closes meanwhile loses the calls it had not
-    yet made, nothing else: the server serves on, with no error of its own, and the caller's
-    debuggee is resumed when it detaches."""
+    drains its waves, ~1 ms; every call remaps the device). A caller whose connection closes
+    meanwhile loses the calls it had not yet made: none is made after it hung up. The server serves
+    on, with no error of its own, and the caller's debuggee is resumed when it detaches."""
     import socket
     import threading
     from kfdtool.cwsr.debugtrap import make_back_to_back
@@ -660,28 +661,34 @@ def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_on
     sim = runner.start(MACHINE, params={"cwsr_enable": 0})
     victim = spawn_workload(MACHINE, "victim", queues=2, waves=400)
     kfd = KfdDevice(sim.open_kfd())
+
+    def remaps():                                  # one a suspend or resume made
+        with sim.control() as ctl:
+            return sum(ctl("status")["remaps"].values())
     try:
         with DebugTrapSuspend(kfd, victim) as mech:
             qids = sorted(states(sim, victim))
             calls = [call for _ in range(32) for call in (mech.suspend_call(grace_period=1), mech.resume_call(qids))]
-            outcome = []
+            channel, outcome = [], []
 
             def make_them():
-                try:
-                    outcome.append(make_back_to_back(kfd, calls))
-                except errors.Error as e:
-                    outcome.append(e)
+                channel.append(kfd.backend._channel())          # this thread's connection
+                outcome.append(make_back_to_back(kfd, calls))
+            before = remaps()
             maker = threading.Thread(target=make_them)
             maker.start()
-            time.sleep(0.02)                               # a few of its 64 calls of ~1 ms are made
-            kfd.backend._channels[-1].sock.shutdown(socket.SHUT_RDWR)
+            deadline = time.monotonic() + 10
+            while remaps() - before < 4:                        # a few made: the rest take ~30 ms or more
+                assert time.monotonic() < deadline
+            channel[0].sock.shutdown(socket.SHUT_RDWR)
             maker.join(10)
             assert not maker.is_alive()
-            answers = outcome[0]
-            assert isinstance(answers, errors.Error) or all(isinstance(a, errors.Error) for a in answers)
+            assert all(isinstance(answer, errors.SimulatorError) for answer in outcome[0])
+            time.sleep(0.2)                                     # longer than the rest would have taken
+            made = remaps() - before
+            time.sleep(0.1)
+            assert 4 <= made < len(calls) and remaps() - before == made
         assert all(q["active"] for q in states(sim, victim).values())
-        with sim.control() as ctl:
-            assert ctl("status")["preset"]
         log = (sim.dir / "server.log").read_text()
         assert "simulator bug" not in log and "Traceback" not in log
     finally:

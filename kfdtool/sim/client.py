@@ -246,8 +246,8 @@ class SimBackend:
             raise SimulatorError(f"simulated KFD server answered a batch of ioctls wrongly: {e}") from None
         if returns_at:
             _sleep_until(returns_at)
-        # the batch ended early (its last call returns only now, or slept in the kernel): the rest
-        # are made now that it has returned
+        # the batch ended early (its last call slept in the kernel): the rest are made now that it
+        # has returned
         return results + (self._batch(calls[len(answers):]) if len(answers) < len(calls) else [])
 
     def doorbell(self, op, **fields):

@@ -54,9 +54,9 @@ def main():
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
     args = p.parse_args()
+    gc_pauses = gc_pauses_if_asked()          # from before the build, as pair_threads.py records
     model, x = build(args.model, args.batch)
     step = make_step(model, x, args.train)
-    gc_pauses = gc_pauses_if_asked()
     start_at = wait_for_start()
     out = {"lp_iters_per_s": iterations_per_second(step, start_at, args.seconds, args.warmup_s)}
     if gc_pauses:

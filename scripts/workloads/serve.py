@@ -193,10 +193,10 @@ def main():
         check_gap_work(args.between_requests)
     if problem:
         p.error(problem)
+    gc_pauses = gc_pauses_if_asked()          # from before the build, as pair_threads.py records
     model, x, request = build_service(args.model, args.batch, args.decode_tokens, args.prompt_tokens)
     warm(model, x, request=request)
     between = gap_work(args.between_requests) if args.between_requests else None
-    gc_pauses = gc_pauses_if_asked()
     start_at = wait_for_start()
     served = serve(model, x, args.rate, args.seconds, args.warmup_s, start_at, request, between)
     if gc_pauses:
