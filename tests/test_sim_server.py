@@ -559,6 +559,39 @@ def test_a_round_stays_bounded_however_many_connect_meanwhile(tmp_path, monkeypa
         c.close()
 
 
+def test_a_batch_deferred_while_its_process_exits_makes_no_more_calls_even_for_a_process_with_its_pid(tmp_path):
+    """A b"B"'s next call is made when the one before returns (deferred meanwhile). If the caller's
+    process exits meanwhile and a new process gets its pid, the rest is not made: the reply carries
+    the calls made before (found by a hostile review: the leftover calls were made as the new
+    process, and a DESTROY_QUEUE among them destroyed its queue). Without the exit, all are made."""
+    import collections
+    from kfdtool.sim.protocol import parse_ioctl, unpack_items
+    from kfdtool.sim.server import Batch, Connection, SimServer, _reply_body
+    srv = SimServer(tmp_path, "mi210")                        # realtime: a call may return in the future
+    me, uid = os.getpid(), os.getuid()
+    get_version = parse_ioctl(ioctl_body(bytes(s.kfd_ioctl_get_version_args()))[1:])
+    for pid_reused in (False, True):
+        server_end, client_end = socket.socketpair()
+        conn = Connection(server_end)
+        conn.opener = me
+        srv.kfd.open_process(me, uid)
+        batch = Batch((me, uid), srv.kfd.processes[me], collections.deque([get_version] * 2))
+        batch.replies.append(_reply_body(0, b"", {}, 0, 0))   # a first call made, returning in 20 ms
+        batch.returned_at = time.monotonic_ns() + 20_000_000
+        srv._ioctls(conn, batch)
+        assert srv.deferred == {conn: batch} and conn.sleeping
+        if pid_reused:
+            srv.kfd.release_process(me)                       # its exit ...
+            srv.kfd.open_process(me, uid)                     # ... and another process under its pid
+        time.sleep(0.03)
+        srv._take_turns()
+        assert len(unpack_items(recv_frame(client_end)[0][1:], "batch reply", 3)) == (1 if pid_reused else 3)
+        assert not srv.deferred and not conn.sleeping
+        srv._forget(server_end)
+        server_end.close()
+        client_end.close()
+
+
 def test_a_simulator_bug_is_logged_through_the_rate_limit_and_answered_eio(tmp_path, monkeypatch, capsys):
     """An exception inside the simulated kernel or a control op is a simulator bug: the call gets
     EIO (or an error reply), and its traceback goes to server.log through the rate limit, so a

@@ -18,7 +18,8 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
                to its caller (the modelled time it sleeps in the kernel), 0 for none
           b"M" the replies to a b"B": <count u32> then count x (<length u32> + an "R" body); fewer
                than asked when the last one slept in the kernel: the caller makes the rest once it
-               has returned (one that returns later than now: the server makes the next then)
+               has returned (one that returns later than now: the server makes the next then, unless
+               the caller's process has exited meanwhile)
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
 Who the caller is travels outside the payload: the server takes the sender's pid and uid from the

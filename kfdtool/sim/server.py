@@ -141,9 +141,11 @@ class Connection:
 
 @dataclass(eq=False)
 class Batch:
-    """A b"B" being made by the server for its caller's thread: the calls not made yet, the replies
-    so far, when the last call made returns to the thread, and whether it sleeps in the kernel."""
+    """A b"B" being made by the server for its caller's thread: the KFD process its fd belongs to (the
+    one it arrived for), the calls not made yet, the replies so far, when the last call made returns
+    to the thread, and whether it sleeps in the kernel."""
     caller: tuple
+    process: object
     calls: collections.deque
     replies: list = field(default_factory=list)
     returned_at: int = 0
@@ -402,7 +404,8 @@ class SimServer(ConnectionLoop):
             request, arg, regions, made_at = parse_ioctl(body)
             act = partial(self._ioctl, conn, sender, request, arg, regions)
         elif kind == b"B":
-            return self._ioctls(conn, Batch(sender, collections.deque(parse_batch(body))))
+            opened = self.kfd.processes.get(conn.opener) if conn.opener is not None else None
+            return self._ioctls(conn, Batch(sender, opened, collections.deque(parse_batch(body))))
         elif kind == b"C":
             def act():
                 self._send(conn, json_frame(self._control(conn, parse_control(body))))
@@ -529,6 +532,11 @@ class SimServer(ConnectionLoop):
                 conn.sleeping = True                    # in the kernel until the call returns
                 self.deferred[conn] = batch
                 return
+            if batch.replies and self.kfd.processes.get(conn.opener) is not batch.process:
+                # its process exited while the call before was being made (its pid may be another's
+                # by now): a dead thread makes no more calls (and kfd_ioctl would answer another
+                # process EBADF on this fd)
+                break
             request, arg, regions, made_at = batch.calls.popleft()
             with clock.applying_at(self._applied_at(max(made_at, batch.returned_at), True)) as at:
                 answered = self._ioctl(conn, batch.caller, request, arg, regions, answer)
