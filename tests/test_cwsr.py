@@ -696,6 +696,52 @@ def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_on
         os.kill(victim, signal.SIGKILL)
 
 
+def test_a_client_that_does_not_wait_for_its_calls_to_return_cannot_hold_the_queue_manager_for_others(tmp_path,
+                                                                                                        monkeypatch):
+    """Each suspend here drains its waves (~1 ms) under the device's queue-manager lock, and its
+    caller is told when the call returns. A client that sends 60 such calls at once without waiting
+    (a kernel thread could not: it makes its next call only once the last returned) has each made
+    when its last returned, so another client's call waits for at most about one of them, not for
+    all (before, the lock's modelled time was pushed ~30 ms ahead of everyone)."""
+    import socket
+    from kfdtool.ioctls.requests import BY_NAME
+    from kfdtool.sim import runner
+    from kfdtool.sim.client import _ioctl_body, _outgoing
+    from kfdtool.sim.protocol import frame, recv_frame
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
+    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
+    victims = [spawn_workload(MACHINE, "victim", queues=1, waves=400) for _ in range(2)]
+    kfd = KfdDevice(sim.open_kfd())
+    hasty = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hasty.settimeout(30)
+    try:
+        with DebugTrapSuspend(kfd, victims[0]) as theirs, DebugTrapSuspend(kfd, victims[1]) as ours:
+            qids = sorted(states(sim, victims[0]))
+            ours.queues()
+            calls = [call for _ in range(30) for call in (theirs.suspend_call(qids, grace_period=1),
+                                                         theirs.resume_call(qids))]
+            dbg_trap = BY_NAME["DBG_TRAP"].request()
+            hasty.connect(str(sim.socket))
+            hasty.sendall(frame(b"O"))
+            recv_frame(hasty)
+            for call in calls:                                 # all at once, none waited for
+                raw, regions = _outgoing(dbg_trap, call.arg)
+                hasty.sendall(frame(b"I" + _ioctl_body(dbg_trap, raw, regions, time.monotonic_ns())))
+            time.sleep(0.005)
+            began = time.monotonic()
+            result = ours.suspend(grace_period=1)              # ~1 ms of its own
+            took = time.monotonic() - began
+            assert [o.outcome for o in result.outcomes] == ["suspended"]
+            assert took < 0.012, f"our suspend waited {took * 1e3:.1f} ms for the other client's calls"
+            for _ in calls:                                    # theirs are all answered, in the end
+                assert recv_frame(hasty)[0][:1] == b"R"
+    finally:
+        hasty.close()
+        kfd.close()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_call_that_sleeps_in_the_kernel_ends_a_batch_and_the_rest_are_made_after_it(sim):
     """DESTROY_QUEUE of a queue its debugger suspended sleeps until the queue is resumed. Made back
     to back with a call after it, that call is made only once the destroy returned, as a loop in

@@ -127,6 +127,9 @@ class Connection:
         self.inbox = Inbox()
         self.outbox = collections.deque()    # [bytes left to send, fds to pass with their first byte]
         self.sleeping = False                # its call sleeps in the simulated kernel (Blocked)
+        # its last ioctl returns to its thread then (the modelled cost): its next request is made no
+        # earlier, whatever a client that does not wait for it says (`_take_requests`)
+        self.returns_at = 0
         self.opener = None                   # pid that opened /dev/kfd on it (kfd_open's current)
         self.closed = False
         self.events = 0                      # what the selector watches it for
@@ -137,6 +140,12 @@ class Connection:
     @property
     def takes_requests(self):
         return not self.outbox and not self.sleeping and not self.closed
+
+
+def _not_before(made_at, returned_ns):
+    """A stamped request's moment, but not before its connection's last call returned (a client
+    that did not wait for it); an unstamped one (0: when handled) stays so."""
+    return max(made_at, returned_ns) if clock.is_stamp(made_at) else made_at
 
 
 @dataclass(eq=False)
@@ -188,6 +197,7 @@ class SimServer(ConnectionLoop):
         self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
         self.deferred = {}            # Connection -> Batch whose next call is made when the last returns
+        self.returning = {}           # Connection with a request waiting for its last call to return -> then
         self.backlog = {}             # connection with a whole request waiting -> (when it was made, stamped?)
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
@@ -304,16 +314,24 @@ class SimServer(ConnectionLoop):
 
     def _take_requests(self, conn):
         """Queue the connection for its turn if a whole request of it waits and it takes one now:
-        requests are handled only in turns (`_take_turns`)."""
+        requests are handled only in turns (`_take_turns`). One sent before the connection's last
+        call has returned (a client that did not wait) waits for that moment (`returning`): a thread
+        makes its next call only once the kernel has returned the last, so no client can push the
+        device's modelled queue-manager lock ahead of the others faster than the kernel would."""
         if conn.takes_requests and _whole_request(conn.inbox) and conn not in self.backlog:
-            self.backlog[conn] = _made_at_of_head(conn.inbox.data, time.monotonic_ns())
+            now = time.monotonic_ns()
+            if conn.returns_at > now:
+                self.returning[conn] = conn.returns_at
+                return
+            self.backlog[conn] = _made_at_of_head(conn.inbox.data, now)
 
     def _horizon_ns(self, polled_ns):
         """How far the model may be played for sleepers: to the last poll of the sockets, but not
         past a stamped request read and not yet handled (it takes effect as of when it was made),
         nor past the next call of a deferred batch (made when the one before returns)."""
         return min([made for made, stamped in self.backlog.values() if stamped] +
-                   [batch.returned_at for batch in self.deferred.values()] + [polled_ns])
+                   [batch.returned_at for batch in self.deferred.values()] + list(self.returning.values()) +
+                   [polled_ns])
 
     def _take_turns(self):
         """One round: up to MAX_BATCH_CALLS requests of the connections with one waiting, in the
@@ -328,6 +346,11 @@ class SimServer(ConnectionLoop):
         turns, order = [], itertools.count()
 
         def join():
+            now = time.monotonic_ns()
+            for conn, returns_at in list(self.returning.items()):     # its last call has returned
+                if returns_at <= now:
+                    del self.returning[conn]
+                    self._take_requests(conn)
             for conn, (made, stamped) in self.backlog.items():
                 heapq.heappush(turns, (made, next(order), conn, stamped))
             self.backlog.clear()
@@ -383,7 +406,7 @@ class SimServer(ConnectionLoop):
     def _watch(self, conn):
         """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
         for its turn (its buffers stay bounded: the rest stays in its socket)."""
-        if conn in self.backlog and not conn.outbox and not conn.closed:
+        if (conn in self.backlog or conn in self.returning) and not conn.outbox and not conn.closed:
             if conn.events:
                 self.sel.unregister(conn.sock)
                 conn.events = 0
@@ -416,7 +439,7 @@ class SimServer(ConnectionLoop):
             act = partial(self._doorbell, conn, sender, msg)
         else:
             raise ProtocolError("an empty message" if not kind else f"unknown message kind {kind!r}")
-        with clock.applying_at(self._applied_at(made_at, changes)) as at:
+        with clock.applying_at(self._applied_at(_not_before(made_at, conn.returns_at), changes)) as at:
             act()
             if kind != b"D":              # a doorbell re-plans itself where it changes what runs (Execution.dispatch)
                 self.execution.replan(at)     # the request may have changed what runs
@@ -480,6 +503,7 @@ class SimServer(ConnectionLoop):
                 f.close()
         self.blocked = [b for b in self.blocked if b.conn is not conn]
         self.deferred.pop(conn, None)
+        self.returning.pop(conn, None)
         self.connections_of[conn.uid] -= 1
         if not self.connections_of[conn.uid]:
             del self.connections_of[conn.uid]
@@ -538,7 +562,8 @@ class SimServer(ConnectionLoop):
                 # process EBADF on this fd)
                 break
             request, arg, regions, made_at = batch.calls.popleft()
-            with clock.applying_at(self._applied_at(max(made_at, batch.returned_at), True)) as at:
+            made_at = _not_before(max(made_at, batch.returned_at), conn.returns_at)
+            with clock.applying_at(self._applied_at(made_at, True)) as at:
                 answered = self._ioctl(conn, batch.caller, request, arg, regions, answer)
                 self.execution.replan(at)
             if not answered:
@@ -574,7 +599,7 @@ class SimServer(ConnectionLoop):
             # now and says when the call returns: the caller's side sleeps until then (no wake
             # timer of ours adds its lateness to the modelled time).
             returns_at = max(clock.now_ns(), self.dqm_free_ns) + int(cost.total_s * 1e9)
-            self.dqm_free_ns = returns_at
+            self.dqm_free_ns = conn.returns_at = returns_at
         answer(ret, out, mem.copied_to_user, returns_at)
         return True
 
@@ -613,7 +638,7 @@ class SimServer(ConnectionLoop):
         """The timerfd fires at the earliest moment a sleeping call may be answered, or a deferred
         batch's next call is made."""
         wake = self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for], clock.now_ns())
-        returns = [batch.returned_at for batch in self.deferred.values()]
+        returns = [batch.returned_at for batch in self.deferred.values()] + list(self.returning.values())
         self.wake.arm(min(returns + ([wake] if wake is not None else [])) if returns else wake)
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
