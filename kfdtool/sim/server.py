@@ -328,7 +328,8 @@ class SimServer(ConnectionLoop):
     def _horizon_ns(self, polled_ns):
         """How far the model may be played for sleepers: to the last poll of the sockets, but not
         past a stamped request read and not yet handled (it takes effect as of when it was made),
-        nor past the next call of a deferred batch (made when the one before returns)."""
+        nor past the next call of a deferred batch (made when the one before returns), nor past a
+        request waiting for its connection's last call to return (`returning`)."""
         return min([made for made, stamped in self.backlog.values() if stamped] +
                    [batch.returned_at for batch in self.deferred.values()] + list(self.returning.values()) +
                    [polled_ns])
