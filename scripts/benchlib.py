@@ -1,4 +1,5 @@
 """What the benchmark scripts share: open-loop request arrivals, latency summaries, provenance, and\nrunning programs together from a common start (as users run them, through `xsched-lv3 run`)."""
+import gc
 import json
 import os
 import shutil
@@ -12,12 +13,11 @@ from pathlib import Path
 
 class GcPauses:
     """Diagnostics (BENCH_GC_LOG=1, `gc_pauses_if_asked`): the interpreter's garbage collections of at
-    least `min_ms`, as [seconds since `origin`, generation, ms]. A collection runs with the GIL held,
-    so it stops every thread of the process that needs it: in threads mode the service's too."""
+    least `min_ms`. A collection runs with the GIL held, so it stops every thread of the process that
+    needs it: in threads mode the service's too."""
 
     def __init__(self, min_ms=1.0):
-        import gc
-        self.min_s, self.origin, self.found, self._began = min_ms / 1e3, time.monotonic(), [], None
+        self.min_s, self.found, self._began = min_ms / 1e3, [], None      # found: [monotonic start, generation, ms]
         gc.callbacks.append(self._on_collection)
 
     def _on_collection(self, phase, info):
@@ -26,15 +26,14 @@ class GcPauses:
             self._began = now
         elif self._began is not None:
             if now - self._began >= self.min_s:
-                self.found.append([round(self._began - self.origin, 4), info["generation"],
-                                   round((now - self._began) * 1e3, 2)])
+                self.found.append([self._began, info["generation"], round((now - self._began) * 1e3, 2)])
             self._began = None
 
     def since(self, origin):
-        return [[round(t + self.origin - origin, 4), gen, ms] for t, gen, ms in self.found]
+        """[seconds since `origin` (monotonic), generation, ms] of each collection found."""
+        return [[round(began - origin, 4), gen, ms] for began, gen, ms in self.found]
 
     def close(self):
-        import gc
         gc.callbacks.remove(self._on_collection)
 
 

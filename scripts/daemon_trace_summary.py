@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarise an `xsched-lv3 daemon --trace FILE` (or BENCH_DAEMON_TRACE) file: how long SUSPEND_QUEUES
 and RESUME_QUEUES calls took, and how long after the activation it serves each suspend started (the
-daemon's lag), and of that how long until its loop woke (traces since this line was added). Percentiles in microseconds.
+daemon's lag), and of that how long until its loop woke (traces since a91574c). Percentiles in
+microseconds.
 
     python scripts/daemon_trace_summary.py /tmp/daemon.trace
     python scripts/daemon_trace_summary.py results/diagnostics/trace_mi308x_16cpu_c0ef027.txt.gz

@@ -596,7 +596,30 @@ def test_debugging_a_process_that_never_opened_kfd_makes_it_none(sim):
         sleeper.wait()
 
 
-def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_before(tmp_path, monkeypatch):
+@pytest.fixture
+def draining_sim(tmp_path, monkeypatch):
+    """A realtime simulator of its own without CWSR, where a suspend drains its waves (ESTIMATE 1 ms,
+    longer than the server takes to handle it: each returns later than the server's now). Yields
+    (sim, kfd, spawn_victim): spawn_victim(queues) starts a process with waves on its queues (killed
+    after)."""
+    from kfdtool.sim import runner
+    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))
+    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
+    victims = []
+
+    def spawn_victim(queues=2):
+        victims.append(spawn_workload(MACHINE, "victim", queues=queues, waves=400))
+        return victims[-1]
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        yield sim, kfd, spawn_victim
+    finally:
+        kfd.close()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_before(draining_sim):
     """A daemon preempting several processes makes their SUSPEND_QUEUES back to back
     (make_back_to_back): each answers as it would alone, one that fails (a pid nobody debugs)
     stops none of the others, none goes through the one-call path, and the caller takes at least
@@ -607,48 +630,39 @@ def test_calls_made_back_to_back_answer_as_made_one_by_one_each_after_the_one_be
     trip a call, each after a wake-up of the caller)."""
     from kfdtool.cwsr.debugtrap import PreparedCall, make_back_to_back
     from kfdtool.device import dbg_trap_args
-    from kfdtool.sim import runner
-    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
-    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
-    victims = [spawn_workload(MACHINE, "victim", queues=2, waves=400) for _ in range(2)]
-    kfd = KfdDevice(sim.open_kfd())
+    sim, kfd, spawn_victim = draining_sim
+    victims = [spawn_victim(), spawn_victim()]
     one_by_one, round_trips = [], []
     single, batch = kfd.backend.ioctl, kfd.backend._batch
     kfd.backend.ioctl = lambda request, arg: one_by_one.append(request) or single(request, arg)
     kfd.backend._batch = lambda calls: round_trips.append(len(calls)) or batch(calls)
-    try:
-        with DebugTrapSuspend(kfd, victims[0]) as first, DebugTrapSuspend(kfd, victims[1]) as second:
-            calls = [first.suspend_call(grace_period=1),
-                     PreparedCall(dbg_trap_args("SUSPEND_QUEUES", os.getpid(), "suspend_queues"), lambda: None),
-                     second.suspend_call(grace_period=1)]
-            one_by_one.clear()
-            round_trips.clear()
-            began = time.monotonic()
-            done = make_back_to_back(kfd, calls)
-            took = time.monotonic() - began
-            with sim.control() as ctl:
-                cost = ctl("last_cost")              # the second suspend's (the same work as the first's)
-            one_call_s = cost["remap_s"] + cost["grace_s"] + cost["save_s"]
-            assert one_by_one == []
-            assert [o.outcome for o in done[0].outcomes] == ["suspended"] * 2
-            assert isinstance(done[1], errors.KfdIoctlError)           # this process is nobody's debuggee
-            assert [o.outcome for o in done[2].outcomes] == ["suspended"] * 2
-            assert not any(q["active"] for v in victims for q in states(sim, v).values())
-            assert one_call_s >= 1e-3 and took >= 2 * one_call_s
-            assert round_trips == [3]
-            assert took < 0.4        # not left to the server's 0.5 s poll: its wake timer fires for the next call
-            resumed = make_back_to_back(kfd, [first.resume_call(), second.resume_call()])
-            assert [[o.outcome for o in r.outcomes] for r in resumed] == [["resumed"] * 2] * 2
-            assert one_by_one == []
-            assert all(q["active"] for v in victims for q in states(sim, v).values())
-    finally:
-        kfd.close()
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+    with DebugTrapSuspend(kfd, victims[0]) as first, DebugTrapSuspend(kfd, victims[1]) as second:
+        calls = [first.suspend_call(grace_period=1),
+                 PreparedCall(dbg_trap_args("SUSPEND_QUEUES", os.getpid(), "suspend_queues"), lambda: None),
+                 second.suspend_call(grace_period=1)]
+        one_by_one.clear()
+        round_trips.clear()
+        began = time.monotonic()
+        done = make_back_to_back(kfd, calls)
+        took = time.monotonic() - began
+        with sim.control() as ctl:
+            cost = ctl("last_cost")              # the second suspend's (the same work as the first's)
+        one_call_s = cost["remap_s"] + cost["grace_s"] + cost["save_s"]
+        assert one_by_one == []
+        assert [o.outcome for o in done[0].outcomes] == ["suspended"] * 2
+        assert isinstance(done[1], errors.KfdIoctlError)           # this process is nobody's debuggee
+        assert [o.outcome for o in done[2].outcomes] == ["suspended"] * 2
+        assert not any(q["active"] for v in victims for q in states(sim, v).values())
+        assert one_call_s >= 1e-3 and took >= 2 * one_call_s
+        assert round_trips == [3]
+        assert took < 0.4        # not left to the server's 0.5 s poll: its wake timer fires for the next call
+        resumed = make_back_to_back(kfd, [first.resume_call(), second.resume_call()])
+        assert [[o.outcome for o in r.outcomes] for r in resumed] == [["resumed"] * 2] * 2
+        assert one_by_one == []
+        assert all(q["active"] for v in victims for q in states(sim, v).values())
 
 
-def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_only_its_own_calls(tmp_path,
-                                                                                                  monkeypatch):
+def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_only_its_own_calls(draining_sim):
     """The server makes a batch's next call when the one before has returned (each suspend here
     drains its waves, ~1 ms; every call remaps the device). A caller whose connection closes
     meanwhile loses the calls it had not yet made: none is made after it hung up. The server serves
@@ -656,48 +670,40 @@ def test_a_caller_that_hangs_up_while_its_calls_wait_for_the_one_before_stops_on
     import socket
     import threading
     from kfdtool.cwsr.debugtrap import make_back_to_back
-    from kfdtool.sim import runner
-    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
-    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
-    victim = spawn_workload(MACHINE, "victim", queues=2, waves=400)
-    kfd = KfdDevice(sim.open_kfd())
+    sim, kfd, spawn_victim = draining_sim
+    victim = spawn_victim()
 
     def remaps():                                  # one a suspend or resume made
         with sim.control() as ctl:
             return sum(ctl("status")["remaps"].values())
-    try:
-        with DebugTrapSuspend(kfd, victim) as mech:
-            qids = sorted(states(sim, victim))
-            calls = [call for _ in range(32) for call in (mech.suspend_call(grace_period=1), mech.resume_call(qids))]
-            channel, outcome = [], []
+    with DebugTrapSuspend(kfd, victim) as mech:
+        qids = sorted(states(sim, victim))
+        calls = [call for _ in range(32) for call in (mech.suspend_call(grace_period=1), mech.resume_call(qids))]
+        channel, outcome = [], []
 
-            def make_them():
-                channel.append(kfd.backend._channel())          # this thread's connection
-                outcome.append(make_back_to_back(kfd, calls))
-            before = remaps()
-            maker = threading.Thread(target=make_them)
-            maker.start()
-            deadline = time.monotonic() + 10
-            while remaps() - before < 4:                        # a few made: the rest take ~30 ms or more
-                assert time.monotonic() < deadline
-            channel[0].sock.shutdown(socket.SHUT_RDWR)
-            maker.join(10)
-            assert not maker.is_alive()
-            assert all(isinstance(answer, errors.SimulatorError) for answer in outcome[0])
-            time.sleep(0.2)                                     # longer than the rest would have taken
-            made = remaps() - before
-            time.sleep(0.1)
-            assert 4 <= made < len(calls) and remaps() - before == made
-        assert all(q["active"] for q in states(sim, victim).values())
-        log = (sim.dir / "server.log").read_text()
-        assert "simulator bug" not in log and "Traceback" not in log
-    finally:
-        kfd.close()
-        os.kill(victim, signal.SIGKILL)
+        def make_them():
+            channel.append(kfd.backend._channel())          # this thread's connection
+            outcome.append(make_back_to_back(kfd, calls))
+        before = remaps()
+        maker = threading.Thread(target=make_them)
+        maker.start()
+        deadline = time.monotonic() + 10
+        while remaps() - before < 4:                        # a few made: the rest take ~30 ms or more
+            assert time.monotonic() < deadline
+        channel[0].sock.shutdown(socket.SHUT_RDWR)
+        maker.join(10)
+        assert not maker.is_alive()
+        assert all(isinstance(answer, errors.SimulatorError) for answer in outcome[0])
+        time.sleep(0.2)                                     # longer than the rest would have taken
+        made = remaps() - before
+        time.sleep(0.1)
+        assert 4 <= made < len(calls) and remaps() - before == made
+    assert all(q["active"] for q in states(sim, victim).values())
+    log = (sim.dir / "server.log").read_text()
+    assert "simulator bug" not in log and "Traceback" not in log
 
 
-def test_a_client_that_does_not_wait_for_its_calls_to_return_cannot_hold_the_queue_manager_for_others(tmp_path,
-                                                                                                        monkeypatch):
+def test_a_client_that_does_not_wait_for_its_calls_to_return_cannot_hold_the_queue_manager_for_others(draining_sim):
     """Each suspend here drains its waves (~1 ms) under the device's queue-manager lock, and its
     caller is told when the call returns. A client that sends 60 such calls at once without waiting
     (a kernel thread could not: it makes its next call only once the last returned) has each made
@@ -705,41 +711,32 @@ def test_a_client_that_does_not_wait_for_its_calls_to_return_cannot_hold_the_que
     all (before, the lock's modelled time was pushed ~30 ms ahead of everyone)."""
     import socket
     from kfdtool.ioctls.requests import BY_NAME
-    from kfdtool.sim import runner
     from kfdtool.sim.client import _ioctl_body, _outgoing
     from kfdtool.sim.protocol import frame, recv_frame
-    monkeypatch.setenv("KFDTOOL_SIM_DIR", str(tmp_path))      # a realtime simulator of its own
-    sim = runner.start(MACHINE, params={"cwsr_enable": 0})
-    victims = [spawn_workload(MACHINE, "victim", queues=1, waves=400) for _ in range(2)]
-    kfd = KfdDevice(sim.open_kfd())
-    hasty = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    hasty.settimeout(30)
-    try:
-        with DebugTrapSuspend(kfd, victims[0]) as theirs, DebugTrapSuspend(kfd, victims[1]) as ours:
-            qids = sorted(states(sim, victims[0]))
-            ours.queues()
-            calls = [call for _ in range(30) for call in (theirs.suspend_call(qids, grace_period=1),
-                                                         theirs.resume_call(qids))]
-            dbg_trap = BY_NAME["DBG_TRAP"].request()
-            hasty.connect(str(sim.socket))
-            hasty.sendall(frame(b"O"))
-            recv_frame(hasty)
-            for call in calls:                                 # all at once, none waited for
-                raw, regions = _outgoing(dbg_trap, call.arg)
-                hasty.sendall(frame(b"I" + _ioctl_body(dbg_trap, raw, regions, time.monotonic_ns())))
-            time.sleep(0.005)
-            began = time.monotonic()
-            result = ours.suspend(grace_period=1)              # ~1 ms of its own
-            took = time.monotonic() - began
-            assert [o.outcome for o in result.outcomes] == ["suspended"]
-            assert took < 0.012, f"our suspend waited {took * 1e3:.1f} ms for the other client's calls"
-            for _ in calls:                                    # theirs are all answered, in the end
-                assert recv_frame(hasty)[0][:1] == b"R"
-    finally:
-        hasty.close()
-        kfd.close()
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+    sim, kfd, spawn_victim = draining_sim
+    victims = [spawn_victim(queues=1), spawn_victim(queues=1)]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hasty, \
+            DebugTrapSuspend(kfd, victims[0]) as theirs, DebugTrapSuspend(kfd, victims[1]) as ours:
+        hasty.settimeout(30)
+        qids = sorted(states(sim, victims[0]))
+        ours.queues()
+        calls = [call for _ in range(30) for call in (theirs.suspend_call(qids, grace_period=1),
+                                                     theirs.resume_call(qids))]
+        dbg_trap = BY_NAME["DBG_TRAP"].request()
+        hasty.connect(str(sim.socket))
+        hasty.sendall(frame(b"O"))
+        recv_frame(hasty)
+        for call in calls:                                 # all at once, none waited for
+            raw, regions = _outgoing(dbg_trap, call.arg)
+            hasty.sendall(frame(b"I" + _ioctl_body(dbg_trap, raw, regions, time.monotonic_ns())))
+        time.sleep(0.005)
+        began = time.monotonic()
+        result = ours.suspend(grace_period=1)              # ~1 ms of its own
+        took = time.monotonic() - began
+        assert [o.outcome for o in result.outcomes] == ["suspended"]
+        assert took < 0.012, f"our suspend waited {took * 1e3:.1f} ms for the other client's calls"
+        for _ in calls:                                    # theirs are all answered, in the end
+            assert recv_frame(hasty)[0][:1] == b"R"
 
 
 def test_a_call_that_sleeps_in_the_kernel_ends_a_batch_and_the_rest_are_made_after_it(sim):

@@ -579,14 +579,14 @@ def test_a_batch_deferred_while_its_process_exits_makes_no_more_calls_even_for_a
         batch.replies.append(_reply_body(0, b"", {}, 0, 0))   # a first call made, returning in 20 ms
         batch.returned_at = time.monotonic_ns() + 20_000_000
         srv._ioctls(conn, batch)
-        assert srv.deferred == {conn: batch} and conn.sleeping
+        assert srv.returning == {conn: batch.returned_at} and conn.batch is batch and conn.sleeping
         if pid_reused:
             srv.kfd.release_process(me)                       # its exit ...
             srv.kfd.open_process(me, uid)                     # ... and another process under its pid
         time.sleep(0.03)
         srv._take_turns()
         assert len(unpack_items(recv_frame(client_end)[0][1:], "batch reply", 3)) == (1 if pid_reused else 3)
-        assert not srv.deferred and not conn.sleeping
+        assert not srv.returning and conn.batch is None and not conn.sleeping
         srv._forget(server_end)
         server_end.close()
         client_end.close()

@@ -130,6 +130,7 @@ class Connection:
         # its last ioctl returns to its thread then (the modelled cost): its next request is made no
         # earlier, whatever a client that does not wait for it says (`_take_requests`)
         self.returns_at = 0
+        self.batch = None                    # a b"B" whose next call the server makes once that one returned
         self.opener = None                   # pid that opened /dev/kfd on it (kfd_open's current)
         self.closed = False
         self.events = 0                      # what the selector watches it for
@@ -196,8 +197,8 @@ class SimServer(ConnectionLoop):
         self.exits = ExitWatch(self.sel)   # a KFD process lives until its OS process exits
         self.kfd.watch_exit = self.exits.watch
         self.blocked = []             # Sleeper: calls that sleep
-        self.deferred = {}            # Connection -> Batch whose next call is made when the last returns
-        self.returning = {}           # Connection with a request waiting for its last call to return -> then
+        # connection whose next call (of its batch, or its next request) waits for its last to return -> then
+        self.returning = {}
         self.backlog = {}             # connection with a whole request waiting -> (when it was made, stamped?)
         self.dqm_free_ns = 0          # a modelled ioctl cost under way (the DQM lock) ends then
         self.changed_at_ns = 0        # the last request that may have changed what runs was applied then
@@ -328,10 +329,9 @@ class SimServer(ConnectionLoop):
     def _horizon_ns(self, polled_ns):
         """How far the model may be played for sleepers: to the last poll of the sockets, but not
         past a stamped request read and not yet handled (it takes effect as of when it was made),
-        nor past the next call of a deferred batch (made when the one before returns), nor past a
-        request waiting for its connection's last call to return (`returning`)."""
-        return min([made for made, stamped in self.backlog.values() if stamped] +
-                   [batch.returned_at for batch in self.deferred.values()] + list(self.returning.values()) +
+        nor past a call waiting for its connection's last call to return (`returning`: the next of
+        its batch, or its next request)."""
+        return min([made for made, stamped in self.backlog.values() if stamped] + list(self.returning.values()) +
                    [polled_ns])
 
     def _take_turns(self):
@@ -340,10 +340,10 @@ class SimServer(ConnectionLoop):
         inbox), each connection's one at a time. What is sent meanwhile is read after each request
         and takes its place in that order (a doorbell posted right after another, a connection
         that just connected), so a client that posted a batch of doorbells goes to the back of the
-        line once another's request was made before its next one. A deferred batch whose last
-        call has returned takes its turn as made then (`_ioctls`; its turn carries the Batch where a
-        request's says whether it was stamped). The rest waits for the next round: the sleepers are
-        looked at between rounds."""
+        line once another's request was made before its next one. A connection whose last call has
+        returned takes its turn: its batch's next call as made then (`_ioctls`; its turn carries the
+        Batch where a request's says whether it was stamped), or its next request. The rest waits for
+        the next round: the sleepers are looked at between rounds."""
         turns, order = [], itertools.count()
 
         def join():
@@ -351,15 +351,13 @@ class SimServer(ConnectionLoop):
             for conn, returns_at in list(self.returning.items()):     # its last call has returned
                 if returns_at <= now:
                     del self.returning[conn]
-                    self._take_requests(conn)
+                    if conn.batch is not None:                    # its next call, made then
+                        heapq.heappush(turns, (returns_at, next(order), conn, conn.batch))
+                    else:
+                        self._take_requests(conn)
             for conn, (made, stamped) in self.backlog.items():
                 heapq.heappush(turns, (made, next(order), conn, stamped))
             self.backlog.clear()
-            now = time.monotonic_ns()
-            for conn, batch in list(self.deferred.items()):     # the next call, made as its last returns
-                if batch.returned_at <= now:
-                    del self.deferred[conn]
-                    heapq.heappush(turns, (batch.returned_at, next(order), conn, batch))
         join()
         handled = 0
         while turns and handled < MAX_BATCH_CALLS:
@@ -367,7 +365,7 @@ class SimServer(ConnectionLoop):
             if conn.closed:
                 continue
             if isinstance(stamped, Batch):                      # its thread is back from the kernel
-                conn.sleeping = False
+                conn.batch, conn.sleeping = None, False
                 self._ioctls(conn, stamped)
             elif not (conn.takes_requests and _whole_request(conn.inbox)):
                 self._watch(conn)
@@ -383,7 +381,7 @@ class SimServer(ConnectionLoop):
             if conn.closed:
                 continue
             if isinstance(stamped, Batch):
-                self.deferred[conn] = stamped
+                self.returning[conn] = made
             else:
                 self.backlog[conn] = (made, stamped)
 
@@ -407,7 +405,9 @@ class SimServer(ConnectionLoop):
     def _watch(self, conn):
         """As ConnectionLoop's, but nothing more is read from a connection whose next request waits
         for its turn (its buffers stay bounded: the rest stays in its socket)."""
-        if (conn in self.backlog or conn in self.returning) and not conn.outbox and not conn.closed:
+        # (one whose call is still in the kernel, its batch's included, is read on: _receive bounds it)
+        waits_turn = conn in self.backlog or (conn in self.returning and not conn.sleeping)
+        if waits_turn and not conn.outbox and not conn.closed:
             if conn.events:
                 self.sel.unregister(conn.sock)
                 conn.events = 0
@@ -503,7 +503,6 @@ class SimServer(ConnectionLoop):
             for f in fds:
                 f.close()
         self.blocked = [b for b in self.blocked if b.conn is not conn]
-        self.deferred.pop(conn, None)
         self.returning.pop(conn, None)
         self.connections_of[conn.uid] -= 1
         if not self.connections_of[conn.uid]:
@@ -538,7 +537,7 @@ class SimServer(ConnectionLoop):
         """b"B": the calls as one thread makes them in a loop: each is made when the one before
         returned to it (its "returns at": the DQM lock and the remap it waited for), or at its own
         stamp if that is later, and applied then (`_applied_at`); one b"M" answers them all. A call
-        that returns later than now defers the rest (`deferred`): the next is made when it returns,
+        that returns later than now defers the rest (`returning`): the next is made when it returns,
         in its turn among the other connections' requests (`_take_turns`), as the thread would make
         it the moment it is back from the kernel, not a round trip to the caller later. A call that
         sleeps in the kernel ends the batch there: the reply goes when it wakes, and the caller
@@ -554,8 +553,8 @@ class SimServer(ConnectionLoop):
 
         while batch.calls:
             if batch.returned_at > time.monotonic_ns():
-                conn.sleeping = True                    # in the kernel until the call returns
-                self.deferred[conn] = batch
+                conn.batch, conn.sleeping = batch, True     # in the kernel until the call returns
+                self.returning[conn] = batch.returned_at
                 return
             if batch.replies and self.kfd.processes.get(conn.opener) is not batch.process:
                 # its process exited while the call before was being made (its pid may be another's
@@ -636,11 +635,10 @@ class SimServer(ConnectionLoop):
                 self._watch(sleeper.conn)
 
     def _arm_wake(self):
-        """The timerfd fires at the earliest moment a sleeping call may be answered, or a deferred
-        batch's next call is made."""
+        """The timerfd fires at the earliest moment a sleeping call may be answered, or a call waiting
+        for its connection's last to return is made."""
         wake = self.execution.wake_ns([b.waits_for for b in self.blocked if b.waits_for], clock.now_ns())
-        returns = [batch.returned_at for batch in self.deferred.values()] + list(self.returning.values())
-        self.wake.arm(min(returns + ([wake] if wake is not None else [])) if returns else wake)
+        self.wake.arm(min([*self.returning.values(), *([] if wake is None else [wake])], default=None))
 
     # --- doorbells (writing AQL packets needs no ioctl: any process, its own queues) -------------
     def _doorbell(self, conn, sender, msg):
