@@ -48,7 +48,7 @@ def run_client(window_module, seed):
     window_module.time = SimpleNamespace(monotonic=lambda: clock[0])
     w = window_module.ProgressiveWindow(WINDOW_US)
     jitter = random.Random(seed + 1_000_003)          # not the stream that chose the client
-    leaves = syncs = over = counted = in_phase = 0
+    over = counted = in_phase = 0
     by_kind = {kind: [0, 0] for kind in KINDS}        # sync points, iterations
 
     def done(at):
@@ -56,28 +56,24 @@ def run_client(window_module, seed):
 
     def wait(at):
         clock[0] = max(clock[0], at)
+    # the gate's and the XQueue's launch loop (a tree before it had the same loop in the gate)
+    launches = window_module.WindowedLaunches(w, lambda: gpu_free_at[0], done, wait)
     for i, gpu_us in enumerate(phases):
         in_phase = in_phase + 1 if i and phases[i - 1] == gpu_us else 0
-        most, syncs_before = 0.0, syncs
+        most, syncs_before = 0.0, launches.sync_points
         for _ in range(n):
             clock[0] += cpu_us * 1e-6
             gpu_free_at[0] = max(gpu_free_at[0], clock[0]) + gpu_us * jitter.uniform(0.5, 1.5) * 1e-6
             most = max(most, (gpu_free_at[0] - clock[0]) * 1e6)
-            leaves += 1
-            if leaves >= w.per_sync:
-                syncs += 1
-                w.sync_point(gpu_free_at[0], leaves, done, wait)
-                leaves = 0
-            elif leaves == w.look_after:
-                w.look_back(done)
+            launches.launched()
         clock[0] = max(clock[0], gpu_free_at[0])          # the client's own synchronize
         kind = by_kind[phase_kind(gpu_us, cpu_us)]
-        kind[0] += syncs - syncs_before
+        kind[0] += launches.sync_points - syncs_before
         kind[1] += 1
         if in_phase >= 2:
             counted += 1
             over += most > 1.5 * WINDOW_US + 3 * gpu_us
-    return {"seed": seed, "sync_points_per_iteration": syncs / len(phases), "over": over, "counted": counted,
+    return {"seed": seed, "sync_points_per_iteration": launches.sync_points / len(phases), "over": over, "counted": counted,
             "by_kind": by_kind}
 
 
@@ -87,6 +83,8 @@ def measure(checkout, clients):
             "import bench_window_scripted as b\nfrom xsched_lv3 import window\n"
             f"if pathlib.Path(window.__file__).resolve().parents[1] != pathlib.Path({str(checkout)!r}).resolve():\n"
             "    sys.exit(f'{window.__file__} is not the window of the checkout asked for')\n"
+            "if not hasattr(window, 'WindowedLaunches'):\n"
+            "    sys.exit('that tree predates window.WindowedLaunches (the launch loop this benchmark drives)')\n"
             f"print(json.dumps([b.run_client(window, s) for s in range({clients})]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:

@@ -11,7 +11,7 @@ from xsched_lv3 import (BandwidthPartition, HighestPriorityFirst, KEarliestDeadl
                         LevelUnsupported, LocalScheduler, QueueState, XQueue, make_policy)
 from xsched_lv3.backends.sim import SimHwQueue
 from xsched_lv3.policy import check_hint
-from xsched_lv3.window import ProgressiveWindow
+from xsched_lv3.window import ProgressiveWindow, WindowedLaunches
 
 ops = st.lists(st.one_of(st.tuples(st.just("submit"), st.integers(1, 5)), st.just(("suspend", 0)),
                          st.just(("resume", 0)), st.tuples(st.just("sleep"), st.integers(0, 2))), max_size=40)
@@ -186,6 +186,117 @@ def test_concurrent_submitters_keep_per_queue_order():
 
 
 
+class _LaunchThreads(SimHwQueue):
+    """A simulated queue that notes which thread launched each command, and the most in flight."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.threads, self.most_in_flight = [], 0
+
+    def launch(self, payload):
+        self.threads.append(threading.get_ident())
+        super().launch(payload)
+        self.most_in_flight = max(self.most_in_flight, self._launched - self._completed)
+
+
+def test_an_inline_queue_launches_on_the_submitting_thread_and_holds_it_while_suspended():
+    hwq = _LaunchThreads(Level.BLOCK, time_scale=0.1)
+    xq = XQueue(hwq, window_us=200, inline=True, name="inline")
+    for i in range(20):
+        cmd = xq.submit((i, 100))
+        assert cmd.launched.is_set()                   # launched by the time submit returns
+    assert set(hwq.threads) == {threading.get_ident()}
+    assert not any(t.name == "xsched-inline" for t in threading.enumerate())    # no launch worker
+    xq.suspend()
+    late = threading.Thread(target=xq.submit, args=(("late", 100),))
+    late.start()
+    time.sleep(0.03)
+    assert late.is_alive() and ("late", 100) not in hwq.executed     # held in its own submit
+    xq.resume()
+    late.join(5)
+    assert not late.is_alive()
+    assert xq.wait_all(timeout=5)
+    xq.close()
+    assert hwq.executed == [(i, 100) for i in range(20)] + [("late", 100)]
+
+
+def test_an_inline_queue_keeps_its_window_by_waiting_in_submit():
+    """1 ms commands under a 3 ms window: the submitting thread itself waits at the sync points, so
+    no more than about the window is ever in flight (buffered, the worker would wait instead)."""
+    hwq = _LaunchThreads(Level.BLOCK)
+    xq = XQueue(hwq, window_us=3000, inline=True)
+    started = time.perf_counter()
+    for i in range(30):
+        xq.submit((i, 1000))
+    submitting = time.perf_counter() - started
+    assert hwq.most_in_flight <= 5                     # 3 ms of them, and a segment of 2 before learning
+    assert submitting >= 0.02                          # it waited for the GPU: 30 ms of work, ~3 left queued
+    assert xq.launches.sync_points >= 8 and xq.window.calibrated
+    assert xq.wait_all(timeout=5)
+    xq.close()
+
+
+def test_inline_submitters_each_launch_exactly_once_in_their_order_under_suspends():
+    hwq = SimHwQueue(Level.INTERRUPT, time_scale=0)
+    xq = XQueue(hwq, window_us=50, inline=True)
+
+    def producer(tag):
+        for i in range(200):
+            xq.submit((tag, i))
+    threads = [threading.Thread(target=producer, args=(t,)) for t in "abc"]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        xq.suspend()
+        time.sleep(0.0005)
+        xq.resume()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert xq.wait_all(timeout=10)
+    xq.close()
+    assert len(hwq.executed) == 600
+    for tag in "abc":
+        assert [p for p in hwq.executed if p[0] == tag] == [(tag, i) for i in range(200)]
+
+
+def test_a_local_scheduler_holds_an_inline_low_priority_submitter_while_higher_work_runs():
+    sched = LocalScheduler("hpf")
+    lp_hw, hp_hw = SimHwQueue(Level.BLOCK), SimHwQueue(Level.BLOCK)
+    lp = sched.add(XQueue(lp_hw, window_us=2000, name="lp", inline=True))
+    hp = sched.add(XQueue(hp_hw, window_us=2000, name="hp"))
+    sched.hint(lp, "priority", 0)
+    sched.hint(hp, "priority", 10)
+    stop = threading.Event()
+
+    def batch_job():
+        i = 0
+        while not stop.is_set():
+            lp.submit((i, 300))
+            i += 1
+    job = threading.Thread(target=batch_job)
+    job.start()
+    time.sleep(0.02)
+    hp.submit(("hp", 20000))
+    deadline = time.monotonic() + 2
+    while not lp.suspended and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lp.suspended
+    launched = lp_hw._launched
+    time.sleep(0.01)
+    assert lp_hw._launched == launched                 # its submitting thread launches nothing meanwhile
+    assert hp.wait_all(timeout=5)
+    deadline = time.monotonic() + 2
+    while lp.suspended and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not lp.suspended
+    stop.set()
+    job.join(5)
+    assert not job.is_alive()
+    sched.close()
+    for x in (lp, hp):
+        x.close()
+
 def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
     """A launch-bound client that once learned a GPU time per command (while another process's
     kernels slowed its own) goes back to widely spaced sync points once the GPU keeps up with it."""
@@ -226,7 +337,7 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
     clock, gpu_free_at = [0.0], [0.0]
     monkeypatch.setattr(window_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     w = ProgressiveWindow(window_us=500)
-    queued, leaves, syncs, busy_us, measured_at = [], 0, 0, 0.0, None
+    queued, busy_us, measured_at = [], 0.0, None
     measured_from = iterations // 2 if measured_from is None else measured_from
 
     def done(at):
@@ -237,6 +348,7 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
     arrivals = random.Random(seed)
     if backlog:
         w.backlog(0.0)
+    launches = WindowedLaunches(w, lambda: gpu_free_at[0], done, wait, changed)
     next_change = arrivals.expovariate(board_changes_per_s) if board_changes_per_s else float("inf")
     next_hold = arrivals.expovariate(holds_per_s) if holds_per_s else float("inf")
     for iteration in range(iterations):
@@ -245,7 +357,7 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
             measured_at = clock[0]
         for command in range(commands_per_iteration):
             if command == phase_at:
-                w.new_phase()
+                launches.new_phase()
             if clock[0] >= next_change:                  # the gate's check before a launch: re-read the board
                 w.others_changed()
                 while next_change <= clock[0]:
@@ -260,17 +372,11 @@ def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterat
             if iteration >= measured_from:
                 queued.append((gpu_free_at[0] - clock[0]) * 1e6)
                 busy_us += command_us
-            leaves += 1
-            if leaves >= w.per_sync:
-                syncs += 1
-                w.sync_point(gpu_free_at[0], leaves, done, wait, changed=changed)
-                leaves = 0
-            elif leaves == w.look_after:
-                w.look_back(done)
+            launches.launched()                          # the gate's after_leaf
         clock[0] = max(clock[0], gpu_free_at[0])          # the job's own synchronize
     if report is not None:
         report["gpu_busy"] = busy_us * 1e-6 / (clock[0] - measured_at)
-    return syncs / iterations, sorted(queued), w
+    return launches.sync_points / iterations, sorted(queued), w
 
 
 def test_a_gpu_bound_client_that_drains_each_iteration_stays_windowed(monkeypatch):

@@ -244,7 +244,7 @@ def test_a_gpu_bound_client_learns_its_kernel_time(torch_fake):
         m(None)
         assert gate.blocked_syncs >= 1
         assert 300 <= gate.window.cmd_us <= 900  # µs per leaf (0.4 ms), timed by back-to-back waits
-        assert gate._per_sync == max(1, int(1000 / gate.window.cmd_us))    # half a window (1 ms) of them
+        assert gate.launches.per_sync == max(1, int(1000 / gate.window.cmd_us))    # half a window (1 ms) of them
     hp.close()
 
 
@@ -311,9 +311,8 @@ def test_higher_priority_work_run_ahead_of_ours_is_not_learned_as_ours(torch_fak
 
     def sync_points(n):
         for _ in range(n):
-            lp._leaves = 2
-            lp._per_sync = 2
-            lp._sync_point()
+            lp.launches.count = 2                  # two leaves since the last sync point
+            lp.launches.sync_point(clock.record())
     sync_points(6)
     assert learned and all(abs(us - 400) < 1 for us in learned)     # 0.8 ms per 2 leaves, back to back
 
@@ -516,7 +515,7 @@ def test_every_backward_pass_restarts_a_spacing_grown_in_launch_bound_forwards(t
         for _ in range(2):                         # the second backward too: each is a new phase
             for _ in range(8):                     # the GPU keeps up: sync points grow far apart
                 net(None)
-            assert gate._per_sync >= 64
+            assert gate.launches.per_sync >= 64
             net(torch.Tensor(requires_grad=True)).backward()
             launch_done = time.monotonic()
             assert gpu.busy_until - launch_done < 0.012    # not the whole backward (60 ms) queued at once
@@ -618,9 +617,9 @@ def test_a_backward_step_across_the_look_back_point_still_looks_back(torch_fake,
     torch, gpu, xt = torch_fake
     hp = other_client(xt, priority=10)
     with xt.client(priority=0) as gate:
-        looked = []
-        monkeypatch.setattr(gate, "_look_back", lambda: looked.append(gate._leaves))
-        gate._per_sync, gate._leaves, gate._look_after = 100, 2, 3
+        looked, launches = [], gate.launches
+        monkeypatch.setattr(launches, "look_back", lambda: looked.append(launches.count))
+        launches.per_sync, launches.count, launches.look_after = 100, 2, 3
         gate.after_leaf(2)                          # 2 -> 4 passes 3 without landing on it
         assert looked == [4]
     hp.close()

@@ -1,5 +1,9 @@
-"""The inline gate: XSched's XQueue semantics run on the launching thread itself, for frameworks
-whose launches we cannot cheaply buffer (PyTorch eager).
+"""The inline gate: the XQueue's inline mode (`xqueue.py`) for frameworks that launch by themselves
+and whose launches we cannot cheaply buffer (PyTorch eager, the simulated HIP runtime): a command is
+a leaf module call, counted after it ran by the same window loop (`window.WindowedLaunches`) that
+an XQueue's launches go through, on the launching thread itself. Where a LocalScheduler suspends an
+XQueue, a gate reads its turn from the board (the policy over every client there), since the
+programs under `xsched-lv3 run` have no scheduler thread of their own.
 
 A gate costs only what its position on the board requires (the fast path is the common case):
   * registered at once (so clients below it make room before its first request), with its GPU
@@ -36,7 +40,7 @@ from .board import Board, excuse, register_client, stopped_activations
 from .gil import short_switch
 from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
-from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow, check_window_us
+from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow, WindowedLaunches, check_window_us
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
 # Held back only by clients of this same process (threads): they wake us when they write the board
@@ -99,18 +103,17 @@ class Gate:
         self.awaiting_device = False               # ... and would be, once this process uses a GPU (notice_device)
         self.tracking = False
         self.window = None
+        self.launches = None                       # the window's launch loop (window.WindowedLaunches), with it
         # the GPU time per command the last window dropped had learned: a batch job that outlives the
         # service above it has no window left when it reports at exit
         self._dropped_cmd_us = None
         self._exposing = False                     # what our slot says of our protection's verdict
         self._below = None                         # (slot, pid) of the lower clients on our GPU, last seen
-        self._leaves, self._per_sync = 0, 1 << 30  # leaf modules since the last sync point, and between two
         self._backward_begun = False               # backward hooks have run since the last request began
         self.trains = False                        # a backward pass reached one of its requests' outputs
         self.hooked_node = None                    # id of the autograd node hooked last (pytorch._hook_backward)
         self.unhooked_leaves = 0                   # ... and the guarded leaves since, in this forward pass
         self._backward_hooks = {}                  # leaves a hook counts for -> that hook (backward_hook)
-        self._look_after = 0                       # ... and after which the last one is looked at again
         self.board_generation = self.board.generation   # changes with every write to the board
         self.seen_generation = None                # the generation the mode and decision were read at
         self.clear_to_run = True                   # guarded, allowed to run, and no policy timer pending
@@ -120,12 +123,10 @@ class Gate:
         self._active = False
         self.waits = 0                             # times this client was held back (for reports)
         self.held_s = 0.0
-        self.blocked_syncs = 0                     # window waits that found the GPU behind
-        self.sync_points = 0
+        self._syncs_dropped = (0, 0)               # (sync points, waits) of the windows dropped since
         self.active_s = 0.0                        # marked active (lower clients held), in total
         self._active_since = 0.0
         self._lock = threading.Lock()              # request bookkeeping (launching threads, watcher)
-        self._window_lock = threading.Lock()
         self._open = 0                             # requests begun and not yet ended (all threads)
         self._busy_since = None                    # when the current busy period (requests open or in flight) began
         self._protecting = False                   # the current busy period holds lower clients
@@ -234,17 +235,20 @@ class Gate:
         window_us = self.window_us * window_scale if self.window_us else self.window_us
         windowed = guarded and window_us           # guarded implies a GPU in use (_refresh)
         if windowed and self.window is None:
-            self.window = ProgressiveWindow(window_us)
-            self._per_sync, self._leaves, self._look_after = self.window.per_sync, 0, 0
-            self.window.backlog(self.recorder.record())     # what we launched before is in flight too
+            window = ProgressiveWindow(window_us)
+            window.backlog(self.recorder.record())     # what we launched before is in flight too
+            recorder = self.recorder
+            self.launches = WindowedLaunches(window, recorder.record, recorder.done, recorder.wait,
+                                             changed=self._board_changed)
+            self.window = window
         elif not windowed:
             if self.window is not None and self.window.calibrated:
                 self._dropped_cmd_us = self.window.cmd_us
-            self.window = None
+            if self.launches is not None:
+                self._syncs_dropped = (self.sync_points, self.blocked_syncs)
+            self.window = self.launches = None
         elif self.window.window_us != window_us:
-            with self._window_lock:
-                self.window.resize(window_us)
-                self._per_sync = self.window.per_sync
+            self.launches.resize(window_us)
         self.guarded = guarded
         if tracking and not self.tracking and self._watcher is None:
             self._watcher = threading.Thread(target=self._idle_watcher, daemon=True, name=f"xsched-gate-{self.slot}")
@@ -452,20 +456,31 @@ class Gate:
             self._wait_turn(now)
 
     def after_leaf(self, commands=1):
-        """A leaf module launched its work (`commands` of it): every `_per_sync` leaves, a sync point
-        and the window."""
-        before = self._leaves
-        self._leaves = leaves = before + commands
-        if leaves >= self._per_sync:
-            self._sync_point()
-        elif before < self._look_after <= leaves:
-            self._look_back()
+        """A leaf module launched its work (`commands` of it): the window's launch loop (a sync point
+        where due), then a check."""
+        launches = self.launches                   # read once: a board refresh may drop the window
+        if launches is not None:
+            launches.launched(commands)
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
     def leaves_counted(self):
-        """Changes whenever a leaf is counted (the count since the last sync point, and sync points)."""
-        return self._leaves, self.sync_points
+        """Changes whenever a leaf is counted under a window (the count since the last sync point,
+        and sync points)."""
+        launches = self.launches
+        return None if launches is None else (launches.count, launches.sync_points)
+
+    @property
+    def sync_points(self):
+        """Sync points placed, in total (for reports)."""
+        launches = self.launches
+        return self._syncs_dropped[0] + (0 if launches is None else launches.sync_points)
+
+    @property
+    def blocked_syncs(self):
+        """Window waits that found the GPU behind, in total."""
+        launches = self.launches
+        return self._syncs_dropped[1] + (0 if launches is None else launches.blocked)
 
     def backward_reached(self, grad_outputs):
         """A pre-hook on a request's output (pytorch._watch_for_backward): this client trains."""
@@ -498,31 +513,9 @@ class Gate:
         return None                                    # the gradients are left as they are
 
     def _new_phase(self):
-        window = self.window
-        if window is None:
-            return
-        with self._window_lock:
-            window.new_phase()
-            self._per_sync, self._look_after = window.per_sync, window.look_after
-
-    def _sync_point(self):
-        window, recorder = self.window, self.recorder
-        n, self._leaves = self._leaves, 0
-        if window is None:
-            return
-        with self._window_lock:                        # threads of one process share its window
-            self.sync_points += 1
-            self.blocked_syncs += window.sync_point(recorder.record(), n, recorder.done, recorder.wait,
-                                                    changed=self._board_changed)
-            self._per_sync, self._look_after = window.per_sync, window.look_after
-
-    def _look_back(self):
-        window = self.window
-        if window is None:
-            return
-        with self._window_lock:
-            window.look_back(self.recorder.done)
-            self._per_sync, self._look_after = window.per_sync, window.look_after
+        launches = self.launches
+        if launches is not None:
+            launches.new_phase()
 
     def _board_changed(self):
         return self.board_generation[0] != self.seen_generation

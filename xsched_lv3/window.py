@@ -18,9 +18,13 @@ tell a launch-bound client from one whose GPU falls behind a little with every c
 reason, the GPU found past a sync point proves it keeps up only where that is seen within a window of
 it: later, the client's own synchronize (or a hold) may have drained it.
 
-One loop for every client (`sync_point`): the XQueue's launch worker and the inline gate (PyTorch
-eager) count their commands and call it; the XQueue may also know each command's GPU time.
+One loop for every client: `WindowedLaunches` counts a client's commands and places its sync points
+and look-backs through `ProgressiveWindow.sync_point` and `look_back`, on whichever thread launches
+them: the XQueue's launch worker (buffered mode), or the launching thread itself (inline mode:
+`XQueue(inline=True)`, and the gate, which is that mode for frameworks that launch by themselves,
+PyTorch eager and the simulated HIP runtime). The XQueue may also know each command's GPU time.
 """
+import threading
 import time
 from collections import deque
 
@@ -339,3 +343,78 @@ class ProgressiveWindow:
         self.pending.clear()
         self.pending_us = 0.0
         self.since_sync_us, self.since_sync_n = 0.0, 0
+
+
+class WindowedLaunches:
+    """One client's launches under its window, counted on whichever thread makes them: after each
+    launch (`launched`), a sync point where the window's spacing says (recorded with `record()`,
+    which may wait while the window is full), else a look back where one is due. `done(handle)`
+    never blocks, `wait(handle)` does (an HwQueue's sync_point_done and wait_sync_point, or a
+    recorder's done and wait); `changed()`, if given, tells whether another client's activity changed
+    during a wait (what the window then does not learn from).
+
+    The count is kept outside the lock: threads of one client that launch at once may race on it (a
+    sync point a command early or late); the window itself is changed under `lock` only, except for
+    `paused` and `others_changed`, which any thread may call (they only forget state)."""
+
+    def __init__(self, window, record, done, wait, changed=None):
+        self.window = window
+        self.record, self.done, self.wait, self.changed = record, done, wait, changed
+        self.lock = threading.Lock()
+        self.count = 0                           # commands launched since the last sync point
+        self.est_us = 0.0                        # ... their GPU time where every one's is known, else None
+        self.per_sync = window.per_sync          # the window's, copied: read after every launch
+        self.look_after = 0
+        self.sync_points = 0
+        self.blocked = 0                         # sync points that waited (the GPU behind by a window)
+
+    def launched(self, commands=1, est_us=None):
+        """`commands` were launched (`est_us`: their GPU time, if known): a sync point or a look
+        back where due. Returns whether a sync point was placed. On every launch of a guarded
+        client (PyTorch: every leaf module), so kept to a few attribute reads."""
+        before = self.count
+        self.count = count = before + commands
+        known = self.est_us
+        if known is not None:
+            self.est_us = known = None if est_us is None else known + est_us
+        if count >= self.per_sync or known is not None and self.window.sync_due(count, known):
+            self.sync_point(self.record())
+            return True
+        if before < self.look_after <= count:
+            self.look_back()
+        return False
+
+    def sync_point(self, handle):
+        """A sync point `handle`, recorded after the commands counted since the last one."""
+        n, est_us = self.count, self.est_us
+        self.count, self.est_us = 0, 0.0
+        with self.lock:
+            window = self.window
+            self.sync_points += 1
+            self.blocked += window.sync_point(handle, n, self.done, self.wait, est_us, self.changed)
+            self.per_sync, self.look_after = window.per_sync, window.look_after
+
+    def look_back(self):
+        with self.lock:
+            window = self.window
+            window.look_back(self.done)
+            self.per_sync, self.look_after = window.per_sync, window.look_after
+
+    def new_phase(self):
+        """The client's launching changes pace (ProgressiveWindow.new_phase)."""
+        with self.lock:
+            window = self.window
+            window.new_phase()
+            self.per_sync, self.look_after = window.per_sync, window.look_after
+
+    def resize(self, window_us):
+        with self.lock:
+            self.window.resize(window_us)
+            self.per_sync = self.window.per_sync
+
+    def clear(self):
+        """Everything launched is known complete (the client drained, or went idle)."""
+        with self.lock:
+            self.window.clear()
+            self.count, self.est_us = 0, 0.0
+            self.per_sync, self.look_after = self.window.per_sync, 0

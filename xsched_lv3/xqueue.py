@@ -1,10 +1,18 @@
 """XQueue: a schedulable queue of commands over one HwQueue.
 
-Submitting never blocks. A launch worker moves commands to the hardware queue in submission order
-under the progressive window, and stops at once when the queue is suspended. Suspend at Lv1 lets
-in-flight work drain (at most one window); at Lv3 it also interrupts the hardware queue, whose
-in-flight commands are saved and finish after restore. No command is ever launched twice or
-skipped, whatever the sequence of suspends and resumes.
+Two modes, one launch step (`_launch_next`) and one window loop (`window.WindowedLaunches`):
+  * buffered (the default): submitting never blocks. A launch worker moves commands to the hardware
+    queue in submission order under the progressive window, and stops at once when the queue is
+    suspended;
+  * inline (`inline=True`): the submitting thread launches its own command, in submission order,
+    after the commands submitted before it; it waits while the queue is suspended, and where the window
+    is full. No worker thread: the mode for a caller that must not run ahead of its launches (XSched's
+    shim on a framework's launch call). `xsched_lv3.gate.Gate` is this mode for frameworks that launch by
+    themselves (PyTorch eager, the simulated HIP runtime), where a command is a module call.
+
+Suspend at Lv1 lets in-flight work drain (at most one window); at Lv3 it also interrupts the hardware
+queue, whose in-flight commands are saved and finish after restore. No command is ever launched twice
+or skipped, whatever the sequence of suspends and resumes.
 """
 import itertools
 import threading
@@ -13,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .levels import Level, pick_level
-from .window import DEFAULT_WINDOW_US, ProgressiveWindow
+from .window import DEFAULT_WINDOW_US, ProgressiveWindow, WindowedLaunches
 
 _ids = itertools.count(1)
 
@@ -27,15 +35,17 @@ class Command:
 
 
 class XQueue:
-    def __init__(self, hwq, priority=0, level=None, window_us=DEFAULT_WINDOW_US, name=None, on_state=None):
+    def __init__(self, hwq, priority=0, level=None, window_us=DEFAULT_WINDOW_US, name=None, on_state=None,
+                 inline=False):
         self.hwq = hwq
         self.level, self.level_reason = pick_level(hwq, level)
         self.id = next(_ids)
         self.name = name or f"xq{self.id}"
         self.hints = {"priority": priority}
+        self.inline = inline
         # two commands a segment until a GPU time is learned: at most 4 in flight before that
         self.window = ProgressiveWindow(window_us, calibration_commands=2)
-        self._window_lock = threading.Lock()     # the worker's sync points, drain() and the idle watcher
+        self.launches = WindowedLaunches(self.window, hwq.record_sync_point, hwq.sync_point_done, hwq.wait_sync_point)
         self._buf = deque()
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -49,11 +59,16 @@ class XQueue:
         self._idle_q = deque()
         self._idle_cv = threading.Condition()
         threading.Thread(target=self._watch_idle, name=f"xsched-{self.name}-idle", daemon=True).start()
-        self._worker = threading.Thread(target=self._run, name=f"xsched-{self.name}", daemon=True)
-        self._worker.start()
+        self._worker = None
+        self._made_by = threading.get_native_id()
+        if not inline:
+            self._worker = threading.Thread(target=self._run, name=f"xsched-{self.name}", daemon=True)
+            self._worker.start()
 
     # --- submission -----------------------------------------------------------------------------
     def submit(self, fn, est_us=None):
+        """Queue a command. Buffered: returns at once. Inline: returns once this thread has launched
+        it (after every command submitted before it), which waits while the queue is suspended."""
         cmd = Command(fn, est_us, next(self._seq))
         with self._cv:
             if self._closed:
@@ -65,12 +80,16 @@ class XQueue:
             self._cv.notify_all()
         if was_idle and self.on_state:
             self.on_state(self)
+        if self.inline:
+            while not cmd.launched.is_set():
+                self._launch_next(until=cmd)
         return cmd
 
     @property
     def worker_tid(self):
-        """The thread id of its launch worker (the thread a board slot names for this queue)."""
-        return self._worker.native_id
+        """The thread id of its launch worker (the thread a board slot names for this queue); inline,
+        the thread that made it."""
+        return self._worker.native_id if self._worker is not None else self._made_by
 
     @property
     def ready(self):
@@ -118,8 +137,7 @@ class XQueue:
     def drain(self):
         """Wait for everything already launched (not the buffered commands)."""
         self.hwq.synchronize()
-        with self._window_lock:
-            self.window.clear()
+        self.launches.clear()
 
     def wait_all(self, timeout=None):
         """Wait until every submitted command has completed (it must be resumed to get there)."""
@@ -137,41 +155,46 @@ class XQueue:
             self._closed = True               # so the worker never sees a closed queue still suspended
             self.resume()
             self._cv.notify_all()
-        self._worker.join()
+        if self._worker is not None:
+            self._worker.join()
 
-    # --- the launch worker --------------------------------------------------------------------------
+    # --- launching: the worker's loop, or the submitting thread (inline) ------------------------------
     def _run(self):
-        """Launch in order under the window: the same sync points and waits as the inline gate
-        (`ProgressiveWindow.sync_point`), counted in commands, weighed by their estimates where the
-        caller gave them. Waits happen outside the queue's lock, so suspend() never waits on the GPU."""
-        n, est_us = 0, 0.0                       # launched since the last sync point; None: some unknown
-        while True:
-            with self._cv:
-                while not self._closed and (self._suspended or not self._buf):
-                    self._cv.wait()
-                if self._closed and not self._buf:
-                    return
-                cmd = self._buf.popleft()
-                self.hwq.launch(cmd.fn)          # under the lock: suspend() cannot slip in between
-                self._launched += 1
-                self._busy = True
-                n += 1
-                est_us = None if est_us is None or cmd.est_us is None else est_us + cmd.est_us
-                handle = self.hwq.record_sync_point() if self.window.sync_due(n, est_us) else None
-                drained = not self._buf
-                marker = (self._launched, self.hwq.record_sync_point()) if drained else None
+        while self._launch_next():
+            pass
+
+    def _launch_next(self, until=None):
+        """Launch the next command in order under the window: the same sync points and waits as the
+        gate (`WindowedLaunches`), counted in commands, weighed by their estimates where the caller
+        gave them. Waits happen outside the queue's lock, so suspend() never waits on the GPU.
+        Inline, `until` is the caller's command: the caller launches the commands ahead of it too
+        (another thread's, in order), and returns once its own is launched. Threads launching at once
+        may each put one command more in flight than the window allows (as the gate's threads do).
+        Returns False once the queue is closed and empty."""
+        with self._cv:
+            while not self._closed and (self._suspended or not self._buf):
+                if until is not None and until.launched.is_set():
+                    return True
+                self._cv.wait()
+            if until is not None and until.launched.is_set():
+                return True
+            if not self._buf:
+                return False
+            cmd = self._buf.popleft()
+            self.hwq.launch(cmd.fn)              # under the lock: suspend() cannot slip in between
+            self._launched += 1
+            self._busy = True
+            drained = not self._buf
+            marker = (self._launched, self.hwq.record_sync_point()) if drained else None
             cmd.launched.set()                    # launched in order; completion is the hw queue's
-            if marker:
-                with self._idle_cv:
-                    self._idle_q.append(marker)
-                    self._idle_cv.notify()
-            if handle is not None:
-                with self._window_lock:
-                    self.window.sync_point(handle, n, self.hwq.sync_point_done, self.hwq.wait_sync_point, est_us)
-                n, est_us = 0, 0.0
-            elif n == self.window.look_after:
-                with self._window_lock:
-                    self.window.look_back(self.hwq.sync_point_done)
+            if self.inline:
+                self._cv.notify_all()             # the next submitting thread may launch its own
+        if marker:
+            with self._idle_cv:
+                self._idle_q.append(marker)
+                self._idle_cv.notify()
+        self.launches.launched(1, cmd.est_us)     # a sync point (and the wait) where due, as the gate's
+        return True
 
     def _watch_idle(self):
         """When the buffer empties, wait for the last launch to complete; if nothing was launched
@@ -187,8 +210,7 @@ class XQueue:
                     continue
                 self._busy = False
                 self.ready_since = None
-                with self._window_lock:
-                    self.window.clear()
+                self.launches.clear()
             if self.on_state:
                 self.on_state(self)
 

@@ -97,7 +97,7 @@ def main():
     print(json.dumps({"model": args.model, "batch": args.batch, "window_us": gate.window_us,
                       "idle_it_s": rates[0], "holds_it_s": rates[1], "holds": holds, "waits": gate.waits,
                       "held_s": round(gate.held_s, 3), "blocked_syncs": gate.blocked_syncs,
-                      "sync_points": gate.sync_points, "per_sync": gate._per_sync,
+                      "sync_points": gate.sync_points, "per_sync": gate.launches.per_sync if gate.launches is not None else None,
                       "cmd_us": round(gate.window.cmd_us, 1) if gate.window is not None else None, "loss": round(loss, 4), "held_fraction": held_fraction,
                       "extra_ms_per_hold": round(extra_ms, 2)}))
     gate.close()
