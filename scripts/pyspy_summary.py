@@ -13,9 +13,11 @@ import collections
 import gzip
 import re
 
+# the window's frames: WindowedLaunches since f616dbc, the gate's own methods in profiles made before
+WINDOW_FRAMES = ("WindowedLaunches.", "Gate._sync_point", "Gate._look_back", "ProgressiveWindow")
 MAIN_CATEGORIES = (
     ("held (Gate._wait_turn)", ("Gate._wait_turn",)),
-    ("window: sync points and their waits", ("Gate._sync_point", "Gate._look_back", "ProgressiveWindow")),
+    ("window: sync points and their waits", WINDOW_FRAMES),
     ("other gate frames (checks, backward hooks' registration, requests)",
      ("Gate.", "_hook_backward", "_watch_for_backward", "before_optimizer_step")),
     ("backward (waits for autograd's thread)", ("backward (torch/_tensor.py",)),
@@ -23,23 +25,25 @@ MAIN_CATEGORIES = (
     ("end-of-iteration synchronize (the CPU ahead of the GPU)", ("synchronize",)),
     ("forward: model ops and module calls", ("forward (",)),
 )
-WINDOW_FRAMES = ("Gate._sync_point", "Gate._look_back", "ProgressiveWindow")
 THREAD = re.compile(r"thread \((\d+)\)")
 
 
 def read_samples(path):
-    """(thread id, stack, count) for each line of a py-spy raw file."""
+    """(thread id, stack, count) for each line of a py-spy raw file; a profile recorded without
+    `--threads` names no thread: its samples count as one thread's."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
-            match = THREAD.match(stack)
-            if match and count.isdigit():
-                yield match.group(1), stack, int(count)
+            if stack and count.isdigit():
+                match = THREAD.match(stack)
+                yield (match.group(1) if match else None), stack, int(count)
 
 
 def summarise(path):
     samples = list(read_samples(path))
+    if not samples:
+        raise ValueError("no py-spy raw samples in it (py-spy record --idle --threads -f raw)")
     per_thread = collections.Counter()
     for tid, _, n in samples:
         per_thread[tid] += n
