@@ -86,6 +86,33 @@ def test_garbage_does_not_kill_the_daemon(daemon):
     assert request({"op": "status"}, sock)["ok"]
 
 
+def test_a_local_schedulers_hints_go_through_the_daemon_to_that_queue_only(daemon, monkeypatch):
+    """One writer per field: with a daemon serving the board, a LocalScheduler's hint for one of its
+    queues is the daemon's write (as `xsched-lv3 hint`'s), to that queue's slot and no other of the
+    process; a slot that is not the process's is refused."""
+    env, sock = daemon
+    monkeypatch.setenv("XSCHED_LV3_BOARD", env["XSCHED_LV3_BOARD"])
+    monkeypatch.setenv("XSCHED_LV3_SOCKET", sock)
+    from xsched_lv3 import Level, LocalScheduler, XQueue
+    from xsched_lv3.backends.sim import SimHwQueue
+    from xsched_lv3.board import Board
+    sched = LocalScheduler("hpf", board=Board())
+    a = sched.add(XQueue(SimHwQueue(Level.BLOCK), priority=1, name="a"))
+    b = sched.add(XQueue(SimHwQueue(Level.BLOCK), priority=2, name="b"))
+    try:
+        monkeypatch.setattr(Board, "set_hint", lambda *args, **kw: pytest.fail("a hint written past the daemon"))
+        sched.hint(a, "priority", 9)
+        clients = [c for c in request({"op": "status"}, sock)["clients"] if c["pid"] == os.getpid()]
+        assert {c["tid"]: c["priority"] for c in clients} == {a.worker_tid: 9, b.worker_tid: 2}
+        other = next(i for i in range(32) if i not in {c["slot"] for c in clients})
+        reply = request({"op": "hint", "pid": os.getpid(), "slot": other, "name": "priority", "value": 5}, sock)
+        assert f"slot {other} is not a client of pid {os.getpid()}" in reply["error"]
+    finally:
+        sched.close()
+        for q in (a, b):
+            q.close()
+
+
 def test_only_root_or_owner_may_hint():
     assert may_change(0, os.getpid())
     assert may_change(os.getuid(), os.getpid())

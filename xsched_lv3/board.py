@@ -325,6 +325,20 @@ def register_client(board, priority, tid, hints, device=0):
     return slot
 
 
+def set_client_hint(board, slot, name, value):
+    """A hint of this process's client in `slot`: through the daemon when one serves this board (it is
+    then the hints' one writer, as for `xsched-lv3 hint`), else straight to the board."""
+    if board.daemon_pid():
+        try:
+            reply = daemon_link.request({"op": "hint", "pid": os.getpid(), "slot": slot, "name": name,
+                                         "value": value}, timeout=REGISTER_TIMEOUT_S)
+        except ConnectionError:
+            reply = {}
+        if reply.get("ok"):
+            return
+    board.set_hint(slot, name, value)
+
+
 @contextmanager
 def _flock(fd):
     fcntl.flock(fd, fcntl.LOCK_EX)

@@ -420,6 +420,11 @@ class Daemon(ConnectionLoop):
             slots = [i for i, s in self.board.slots() if s.pid == target]
             if not slots:
                 return {"error": f"pid {target} is not scheduled"}
+            one = msg.get("slot")               # one client of the process (a LocalScheduler's queue), else all
+            if one is not None:
+                if isinstance(one, bool) or not isinstance(one, int) or one not in slots:
+                    return {"error": f"slot {short_repr(one)} is not a client of pid {target}"}
+                slots = [one]
             for s in slots:
                 self.board.set_hint(s, name, value)
             return {"ok": True, "slots": slots}

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 
-from .board import excuse, register_client, stopped_activations
+from .board import excuse, register_client, set_client_hint, stopped_activations
 from .policy import QueueState, check_hint, make_policy
 
 BOARD_POLL_S = 1e-3            # with a board: how often other clients' changes are looked for (while ours have work)
@@ -61,7 +61,7 @@ class LocalScheduler:
         xq.hints[name] = check_hint(name, value)
         slot = self._slots.get(xq.id)
         if slot is not None:
-            self.board.set_hint(slot, name, xq.hints[name])
+            set_client_hint(self.board, slot, name, xq.hints[name])
         self._poke()
 
     def _state_changed(self, xq):
