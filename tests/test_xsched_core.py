@@ -135,6 +135,13 @@ def test_bad_hints_and_policies():
         make_policy("fifo")
 
 
+def _until(predicate, what, timeout_s=2.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
 def test_local_scheduler_preempts_low_priority():
     sched = LocalScheduler("hpf")
     lp_hw, hp_hw = SimHwQueue(Level.INTERRUPT), SimHwQueue(Level.INTERRUPT)
@@ -146,15 +153,9 @@ def test_local_scheduler_preempts_low_priority():
         lp.submit((i, 500))
     time.sleep(0.02)
     hp.submit(("hp", 2000))
-    deadline = time.monotonic() + 2
-    while not lp.suspended and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert lp.suspended
+    _until(lambda: lp.suspended, "the low-priority queue suspended")
     assert hp.wait_all(timeout=5)
-    deadline = time.monotonic() + 2
-    while lp.suspended and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert not lp.suspended                            # resumed once the high-priority queue is idle
+    _until(lambda: not lp.suspended, "resumed once the high-priority queue is idle")
     sched.close()
     assert lp.wait_all(timeout=20) and len(lp_hw.executed) == 200
     for x in (lp, hp):
@@ -172,17 +173,25 @@ def test_concurrent_submitters_keep_per_queue_order():
             with lock:                     # one submission order, observed
                 order.append((tag, i))
                 xq.submit((tag, i))
+    _submit_from_three_threads_under_suspends(xq, producer)
+    assert hwq.executed == order
+
+
+def _submit_from_three_threads_under_suspends(xq, producer, pause_s=0.0):
+    """`producer(tag)` on three threads while this one suspends and resumes `xq` 20 times; then
+    every command is launched and has completed, and the queue is closed."""
     threads = [threading.Thread(target=producer, args=(t,)) for t in "abc"]
     for t in threads:
         t.start()
     for _ in range(20):
         xq.suspend()
+        time.sleep(pause_s)
         xq.resume()
     for t in threads:
-        t.join()
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
     assert xq.wait_all(timeout=10)
     xq.close()
-    assert hwq.executed == order
 
 
 
@@ -243,18 +252,7 @@ def test_inline_submitters_each_launch_exactly_once_in_their_order_under_suspend
     def producer(tag):
         for i in range(200):
             xq.submit((tag, i))
-    threads = [threading.Thread(target=producer, args=(t,)) for t in "abc"]
-    for t in threads:
-        t.start()
-    for _ in range(20):
-        xq.suspend()
-        time.sleep(0.0005)
-        xq.resume()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads)
-    assert xq.wait_all(timeout=10)
-    xq.close()
+    _submit_from_three_threads_under_suspends(xq, producer, pause_s=0.0005)     # held in submit meanwhile
     assert len(hwq.executed) == 600
     for tag in "abc":
         assert [p for p in hwq.executed if p[0] == tag] == [(tag, i) for i in range(200)]
@@ -278,18 +276,12 @@ def test_a_local_scheduler_holds_an_inline_low_priority_submitter_while_higher_w
     job.start()
     time.sleep(0.02)
     hp.submit(("hp", 20000))
-    deadline = time.monotonic() + 2
-    while not lp.suspended and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert lp.suspended
+    _until(lambda: lp.suspended, "the low-priority queue suspended")
     launched = lp_hw._launched
     time.sleep(0.01)
     assert lp_hw._launched == launched                 # its submitting thread launches nothing meanwhile
     assert hp.wait_all(timeout=5)
-    deadline = time.monotonic() + 2
-    while lp.suspended and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert not lp.suspended
+    _until(lambda: not lp.suspended, "resumed once the high-priority queue is idle")
     stop.set()
     job.join(5)
     assert not job.is_alive()
@@ -621,24 +613,19 @@ def test_a_scheduler_on_the_board_schedules_its_queues_with_every_other_client(t
         mine = {s.tid: s for _, s in board.slots() if s.pid == os.getpid()}
         assert {s.priority for s in mine.values()} == {10, 0} and hp.worker_tid in mine and lp.worker_tid in mine
 
-        def until(predicate, what):
-            deadline = time.monotonic() + 2
-            while not predicate():
-                assert time.monotonic() < deadline, what
-                time.sleep(0.001)
         for i in range(50):
             lp.submit((i, 500))
         lp_slot = next(k for k, s in board.slots() if s.tid == lp.worker_tid)
-        until(lambda: board.read_slot(lp_slot).active, "the queue's activity on the board")
+        _until(lambda: board.read_slot(lp_slot).active, "the queue's activity on the board")
         program = board.allocate(elsewhere.pid, 20, 0, 7)
         board.set_active(program, True)
-        until(lambda: lp.suspended and hp.suspended, "both queues held by the program above them")
+        _until(lambda: lp.suspended and hp.suspended, "both queues held by the program above them")
         board.set_active(program, False)
-        until(lambda: not lp.suspended and not hp.suspended, "both resumed once it is idle")
+        _until(lambda: not lp.suspended and not hp.suspended, "both resumed once it is idle")
         board.set_active(program, True)
-        until(lambda: lp.suspended, "held again")
+        _until(lambda: lp.suspended, "held again")
         os.kill(elsewhere.pid, signal.SIGSTOP)                  # stopped mid-request: holds nobody for long
-        until(lambda: not lp.suspended, "resumed while the program above is stopped")
+        _until(lambda: not lp.suspended, "resumed while the program above is stopped")
     finally:
         elsewhere.kill()
         elsewhere.wait()
