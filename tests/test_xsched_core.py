@@ -246,16 +246,51 @@ def test_an_inline_queue_keeps_its_window_by_waiting_in_submit():
 
 
 def test_inline_submitters_each_launch_exactly_once_in_their_order_under_suspends():
-    hwq = SimHwQueue(Level.INTERRUPT, time_scale=0)
+    hwq = _LaunchThreads(Level.INTERRUPT, time_scale=0)
     xq = XQueue(hwq, window_us=50, inline=True)
+    producers = set()
 
     def producer(tag):
+        producers.add(threading.get_ident())
         for i in range(200):
             xq.submit((tag, i))
     _submit_from_three_threads_under_suspends(xq, producer, pause_s=0.0005)     # held in submit meanwhile
+    assert set(hwq.threads) <= producers                # each command launched by a submitting thread
     assert len(hwq.executed) == 600
     for tag in "abc":
         assert [p for p in hwq.executed if p[0] == tag] == [(tag, i) for i in range(200)]
+
+
+def test_a_failed_inline_launch_raises_in_its_own_submit_and_the_queue_goes_on():
+    """A thread held in submit whose command fails to launch, and this thread submitting right
+    after the resume, behind it: the failure is raised in the failing command's own submit (this
+    thread gets there first, and used to launch it), this one's command is launched, nobody waits."""
+    class Failing(SimHwQueue):
+        def launch(self, payload):
+            if payload[0] == "bad":
+                raise RuntimeError("launch failed")
+            super().launch(payload)
+    hwq = Failing(Level.BLOCK, time_scale=0)
+    xq = XQueue(hwq, inline=True)
+    outcome = {}
+
+    def submit(payload):
+        try:
+            xq.submit(payload)
+            outcome[payload[0]] = "returned"
+        except RuntimeError as e:
+            outcome[payload[0]] = str(e)
+    xq.suspend()
+    held = threading.Thread(target=submit, args=(("bad", 10),))
+    held.start()
+    _until(lambda: len(xq._buf) == 1, "held in submit")
+    xq.resume()
+    submit(("good", 10))
+    held.join(5)
+    assert not held.is_alive()
+    assert outcome == {"bad": "launch failed", "good": "returned"}
+    assert xq.wait_all(timeout=5) and hwq.executed == [("good", 10)]
+    xq.close()
 
 
 def test_a_local_scheduler_holds_an_inline_low_priority_submitter_while_higher_work_runs():
@@ -305,6 +340,38 @@ def test_a_window_forgets_its_learned_time_once_the_client_is_launch_bound():
     while per_sync < MAX_COMMANDS_PER_SYNC:
         per_sync = w.commands_per_sync(per_sync, kept_up=True)
     assert per_sync == MAX_COMMANDS_PER_SYNC
+
+
+def test_sync_points_from_several_threads_reach_the_window_in_the_order_they_were_recorded():
+    """Threads of one client launching at once (a gate's, an inline queue's): each sync point is
+    recorded under the window's lock, so the window's pending ones stay in recording order, which its
+    retiring assumes (recorded outside it, 44 of ~630 came out of order)."""
+    import itertools
+    import sys
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                          # interleave the threads as often as possible
+    try:
+        w = ProgressiveWindow(window_us=500)
+        recorded, seen = itertools.count(), []
+        real_sync_point = w.sync_point
+
+        def sync_point(handle, *args):
+            seen.append(handle)
+            return real_sync_point(handle, *args)
+        w.sync_point = sync_point
+        launches = WindowedLaunches(w, lambda: next(recorded), lambda h: h % 3 != 0, lambda h: None)
+
+        def launch():
+            for _ in range(3000):
+                launches.launched()
+        threads = [threading.Thread(target=launch) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert len(seen) > 100 and seen == sorted(seen)
 
 
 def _scripted_client(monkeypatch, gpu_us, cpu_us, commands_per_iteration, iterations=200, measured_from=None,

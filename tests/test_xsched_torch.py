@@ -312,7 +312,7 @@ def test_higher_priority_work_run_ahead_of_ours_is_not_learned_as_ours(torch_fak
     def sync_points(n):
         for _ in range(n):
             lp.launches.count = 2                  # two leaves since the last sync point
-            lp.launches.sync_point(clock.record())
+            lp.launches.sync_point()
     sync_points(6)
     assert learned and all(abs(us - 400) < 1 for us in learned)     # 0.8 ms per 2 leaves, back to back
 

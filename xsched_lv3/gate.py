@@ -123,7 +123,8 @@ class Gate:
         self._active = False
         self.waits = 0                             # times this client was held back (for reports)
         self.held_s = 0.0
-        self._syncs_dropped = (0, 0)               # (sync points, waits) of the windows dropped since
+        self._window_totals = [0, 0]               # sync points and window waits, over every window we had
+        self._unwindowed_leaves = 0                # leaves counted while guarded without a window
         self.active_s = 0.0                        # marked active (lower clients held), in total
         self._active_since = 0.0
         self._lock = threading.Lock()              # request bookkeeping (launching threads, watcher)
@@ -239,13 +240,11 @@ class Gate:
             window.backlog(self.recorder.record())     # what we launched before is in flight too
             recorder = self.recorder
             self.launches = WindowedLaunches(window, recorder.record, recorder.done, recorder.wait,
-                                             changed=self._board_changed)
+                                             changed=self._board_changed, totals=self._window_totals)
             self.window = window
         elif not windowed:
             if self.window is not None and self.window.calibrated:
                 self._dropped_cmd_us = self.window.cmd_us
-            if self.launches is not None:
-                self._syncs_dropped = (self.sync_points, self.blocked_syncs)
             self.window = self.launches = None
         elif self.window.window_us != window_us:
             self.launches.resize(window_us)
@@ -461,26 +460,26 @@ class Gate:
         launches = self.launches                   # read once: a board refresh may drop the window
         if launches is not None:
             launches.launched(commands)
+        else:
+            self._unwindowed_leaves += commands
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
     def leaves_counted(self):
-        """Changes whenever a leaf is counted under a window (the count since the last sync point,
-        and sync points)."""
+        """Changes whenever a leaf is counted (the count since the last sync point, the leaves counted
+        without a window, and sync points)."""
         launches = self.launches
-        return None if launches is None else (launches.count, launches.sync_points)
+        return (0 if launches is None else launches.count), self._unwindowed_leaves, self._window_totals[0]
 
     @property
     def sync_points(self):
         """Sync points placed, in total (for reports)."""
-        launches = self.launches
-        return self._syncs_dropped[0] + (0 if launches is None else launches.sync_points)
+        return self._window_totals[0]
 
     @property
     def blocked_syncs(self):
         """Window waits that found the GPU behind, in total."""
-        launches = self.launches
-        return self._syncs_dropped[1] + (0 if launches is None else launches.blocked)
+        return self._window_totals[1]
 
     def backward_reached(self, grad_outputs):
         """A pre-hook on a request's output (pytorch._watch_for_backward): this client trains."""

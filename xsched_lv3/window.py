@@ -351,13 +351,16 @@ class WindowedLaunches:
     which may wait while the window is full), else a look back where one is due. `done(handle)`
     never blocks, `wait(handle)` does (an HwQueue's sync_point_done and wait_sync_point, or a
     recorder's done and wait); `changed()`, if given, tells whether another client's activity changed
-    during a wait (what the window then does not learn from).
+    during a wait (what the window then does not learn from). `totals`: a list [sync points, waits]
+    to count into, kept by a client across the windows it drops and makes again.
 
     The count is kept outside the lock: threads of one client that launch at once may race on it (a
-    sync point a command early or late); the window itself is changed under `lock` only, except for
-    `paused` and `others_changed`, which any thread may call (they only forget state)."""
+    sync point a command early or late). A sync point is recorded, and the count taken, under `lock`,
+    so the window's pending sync points stay in the order they were recorded; the window itself is
+    changed under `lock` only, except for `paused` and `others_changed`, which any thread may call
+    (they only forget state)."""
 
-    def __init__(self, window, record, done, wait, changed=None):
+    def __init__(self, window, record, done, wait, changed=None, totals=None):
         self.window = window
         self.record, self.done, self.wait, self.changed = record, done, wait, changed
         self.lock = threading.Lock()
@@ -365,8 +368,16 @@ class WindowedLaunches:
         self.est_us = 0.0                        # ... their GPU time where every one's is known, else None
         self.per_sync = window.per_sync          # the window's, copied: read after every launch
         self.look_after = 0
-        self.sync_points = 0
-        self.blocked = 0                         # sync points that waited (the GPU behind by a window)
+        self.totals = [0, 0] if totals is None else totals
+
+    @property
+    def sync_points(self):
+        return self.totals[0]
+
+    @property
+    def blocked(self):
+        """Sync points that waited (the GPU behind by more than the window)."""
+        return self.totals[1]
 
     def launched(self, commands=1, est_us=None):
         """`commands` were launched (`est_us`: their GPU time, if known): a sync point or a look
@@ -378,20 +389,21 @@ class WindowedLaunches:
         if known is not None:
             self.est_us = known = None if est_us is None else known + est_us
         if count >= self.per_sync or known is not None and self.window.sync_due(count, known):
-            self.sync_point(self.record())
+            self.sync_point()
             return True
         if before < self.look_after <= count:
             self.look_back()
         return False
 
-    def sync_point(self, handle):
-        """A sync point `handle`, recorded after the commands counted since the last one."""
-        n, est_us = self.count, self.est_us
-        self.count, self.est_us = 0, 0.0
+    def sync_point(self):
+        """A sync point after the commands counted since the last one (waits while the window is full)."""
         with self.lock:
+            handle = self.record()
+            n, est_us = self.count, self.est_us
+            self.count, self.est_us = 0, 0.0
             window = self.window
-            self.sync_points += 1
-            self.blocked += window.sync_point(handle, n, self.done, self.wait, est_us, self.changed)
+            self.totals[0] += 1
+            self.totals[1] += window.sync_point(handle, n, self.done, self.wait, est_us, self.changed)
             self.per_sync, self.look_after = window.per_sync, window.look_after
 
     def look_back(self):
@@ -413,8 +425,8 @@ class WindowedLaunches:
             self.per_sync = self.window.per_sync
 
     def clear(self):
-        """Everything launched is known complete (the client drained, or went idle)."""
+        """Everything launched is known complete (the client drained, or went idle). The count goes
+        on: the commands since the last sync point are a segment's start all the same."""
         with self.lock:
             self.window.clear()
-            self.count, self.est_us = 0, 0.0
             self.per_sync, self.look_after = self.window.per_sync, 0

@@ -58,6 +58,9 @@ class XQueue:
         self._busy = False                    # launched work not yet known complete
         self._idle_q = deque()
         self._idle_cv = threading.Condition()
+        # a marker is out: the idle watcher waits on one (a queue that drains again meanwhile places
+        # none: one CUDA event and one wake-up per drain would be the cost of every inline command)
+        self._watching = False
         threading.Thread(target=self._watch_idle, name=f"xsched-{self.name}-idle", daemon=True).start()
         self._worker = None
         self._made_by = threading.get_native_id()
@@ -81,8 +84,7 @@ class XQueue:
         if was_idle and self.on_state:
             self.on_state(self)
         if self.inline:
-            while not cmd.launched.is_set():
-                self._launch_next(until=cmd)
+            self._launch_next(until=cmd)
         return cmd
 
     @property
@@ -167,28 +169,32 @@ class XQueue:
         """Launch the next command in order under the window: the same sync points and waits as the
         gate (`WindowedLaunches`), counted in commands, weighed by their estimates where the caller
         gave them. Waits happen outside the queue's lock, so suspend() never waits on the GPU.
-        Inline, `until` is the caller's command: the caller launches the commands ahead of it too
-        (another thread's, in order), and returns once its own is launched. Threads launching at once
-        may each put one command more in flight than the window allows (as the gate's threads do).
-        Returns False once the queue is closed and empty."""
+        Inline, `until` is the caller's own command, launched once it is at the head of the buffer
+        (what a failed launch raises goes to its own caller). Threads launching at once may each put
+        about one command more in flight than the window allows (as the gate's threads do).
+        Returns False once the queue is closed and empty (the worker's end)."""
         with self._cv:
-            while not self._closed and (self._suspended or not self._buf):
-                if until is not None and until.launched.is_set():
-                    return True
-                self._cv.wait()
-            if until is not None and until.launched.is_set():
-                return True
-            if not self._buf:
-                return False
+            if until is None:
+                while not self._closed and (self._suspended or not self._buf):
+                    self._cv.wait()
+                if not self._buf:
+                    return False
+            else:
+                while self._buf[0] is not until or self._suspended and not self._closed:
+                    self._cv.wait()
             cmd = self._buf.popleft()
-            self.hwq.launch(cmd.fn)              # under the lock: suspend() cannot slip in between
+            try:
+                self.hwq.launch(cmd.fn)          # under the lock: suspend() cannot slip in between
+            finally:
+                if self.inline:
+                    self._cv.notify_all()         # the next thread's command is at the head now
             self._launched += 1
             self._busy = True
-            drained = not self._buf
-            marker = (self._launched, self.hwq.record_sync_point()) if drained else None
+            marker = None
+            if not self._buf and not self._watching:     # drained: watch for the end of it (_watch_idle)
+                self._watching = True
+                marker = (self._launched, self.hwq.record_sync_point())
             cmd.launched.set()                    # launched in order; completion is the hw queue's
-            if self.inline:
-                self._cv.notify_all()             # the next submitting thread may launch its own
         if marker:
             with self._idle_cv:
                 self._idle_q.append(marker)
@@ -206,8 +212,13 @@ class XQueue:
                 launched, handle = self._idle_q.popleft()
             self.hwq.wait_sync_point(handle)
             with self._cv:
-                if self._launched != launched or self._buf:
+                if self._buf:                     # more to launch: its drain places the next marker
+                    self._watching = False
                     continue
+                if self._launched != launched:    # launched since, and drained (no marker meanwhile):
+                    self._idle_q.append((self._launched, self.hwq.record_sync_point()))   # the latest
+                    continue
+                self._watching = False
                 self._busy = False
                 self.ready_since = None
                 self.launches.clear()
