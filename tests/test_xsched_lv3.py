@@ -420,6 +420,25 @@ def test_the_trace_times_a_suspend_from_the_activation_on_its_own_gpu(fake_engin
         other.wait()
 
 
+def test_the_trace_summary_says_how_long_each_client_stayed_suspended(tmp_path):
+    """From a suspend call's start to the next resume call's start for its pid (each takes effect from
+    its start), and the share of that pid's traced span its queues spent suspended."""
+    import re
+    (tmp_path / "trace").write_text(
+        "10.000000 suspend pid 7 took 900 us 300 us after the activation queues [0]\n"
+        "10.000000 suspend pid 8 took 900 us 300 us after the activation queues [0]\n"
+        "10.003000 resume pid 7 took 200 us\n"
+        "10.005000 resume pid 8 took 200 us\n"
+        "10.050000 suspend pid 7 took 900 us 300 us after the activation queues [0]\n"
+        "10.054000 resume pid 7 took 200 us\n")
+    summary = subprocess.run([sys.executable, str(REPO / "scripts" / "daemon_trace_summary.py"),
+                              str(tmp_path / "trace")], capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert re.search(r"suspended for \(suspend to resume\) +n= +3 +p50 +4000 ", summary.stdout), summary.stdout
+    # pid 7: 3 + 4 ms of its 54 ms; pid 8: 5 ms of its 5 ms
+    assert "suspended share of its traced span pid 7 0.130, pid 8 1.000" in summary.stdout, summary.stdout
+
+
 @pytest.mark.parametrize("planted", ["file", "shared directory"])
 def test_a_records_directory_another_user_could_have_planted_costs_only_the_record(fake_engine, tmp_path, planted):
     """The hold records' directory has a predictable name: one that is a file, or a directory others
