@@ -304,18 +304,22 @@ def excuse(states, excused):
     return [replace(q, ready=False) if (q.id, q.ready_since) in excused else q for q in states]
 
 
+def _ask_serving_daemon(board, msg):
+    """The reply of the daemon serving this board to `msg`, or {} where none does or it does not
+    answer within REGISTER_TIMEOUT_S (the caller then writes the board itself)."""
+    if not board.daemon_pid():
+        return {}
+    try:
+        return daemon_link.request(msg, timeout=REGISTER_TIMEOUT_S)
+    except ConnectionError:
+        return {}
+
+
 def register_client(board, priority, tid, hints, device=0):
     """A client's slot: from the daemon when one serves this board (it is then the one writer of the
     slot's identity and hints, and may preempt the process at Lv3), else straight from the board."""
-    slot = None
-    if board.daemon_pid():
-        try:
-            reply = daemon_link.request({"op": "register", "priority": priority, "tid": tid, "hints": hints},
-                                        timeout=REGISTER_TIMEOUT_S)
-        except ConnectionError:
-            reply = {}
-        if isinstance(reply.get("slot"), int):
-            slot = reply["slot"]
+    reply = _ask_serving_daemon(board, {"op": "register", "priority": priority, "tid": tid, "hints": hints})
+    slot = reply["slot"] if isinstance(reply.get("slot"), int) else None
     if slot is None:
         slot = board.allocate(os.getpid(), priority, tid, device)
         for key, value in hints.items():
@@ -328,15 +332,9 @@ def register_client(board, priority, tid, hints, device=0):
 def set_client_hint(board, slot, name, value):
     """A hint of this process's client in `slot`: through the daemon when one serves this board (it is
     then the hints' one writer, as for `xsched-lv3 hint`), else straight to the board."""
-    if board.daemon_pid():
-        try:
-            reply = daemon_link.request({"op": "hint", "pid": os.getpid(), "slot": slot, "name": name,
-                                         "value": value}, timeout=REGISTER_TIMEOUT_S)
-        except ConnectionError:
-            reply = {}
-        if reply.get("ok"):
-            return
-    board.set_hint(slot, name, value)
+    if not _ask_serving_daemon(board, {"op": "hint", "pid": os.getpid(), "slot": slot, "name": name,
+                                       "value": value}).get("ok"):
+        board.set_hint(slot, name, value)
 
 
 @contextmanager

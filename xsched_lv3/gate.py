@@ -102,8 +102,7 @@ class Gate:
         self.guarded = False                       # read on every module call
         self.awaiting_device = False               # ... and would be, once this process uses a GPU (notice_device)
         self.tracking = False
-        self.window = None
-        self.launches = None                       # the window's launch loop (window.WindowedLaunches), with it
+        self.launches = None                       # the window's launch loop (window.WindowedLaunches): None, none
         # the GPU time per command the last window dropped had learned: a batch job that outlives the
         # service above it has no window left when it reports at exit
         self._dropped_cmd_us = None
@@ -206,10 +205,11 @@ class Gate:
         held_on_gpu = guarded and self.level < 3
         self.awaiting_device = held_on_gpu and not self.device
         self._set_mode(held_on_gpu and bool(self.device), tracking, EXPOSED_WINDOW_SCALE if exposed else 1)
-        if self.window is not None:
+        window = self.window
+        if window is not None:
             # another client started or ended work: an interval across this change may hold its GPU
             # time (its kernels between ours), which would inflate the learned time per command
-            self.window.others_changed()
+            window.others_changed()
         if self.guarded:
             decision = self.policy.decide(states, now)
             self._may_run = self.slot in decision.run
@@ -235,18 +235,18 @@ class Gate:
     def _set_mode(self, guarded, tracking, window_scale=1):
         window_us = self.window_us * window_scale if self.window_us else self.window_us
         windowed = guarded and window_us           # guarded implies a GPU in use (_refresh)
-        if windowed and self.window is None:
+        window = self.window
+        if windowed and window is None:
             window = ProgressiveWindow(window_us)
             window.backlog(self.recorder.record())     # what we launched before is in flight too
             recorder = self.recorder
             self.launches = WindowedLaunches(window, recorder.record, recorder.done, recorder.wait,
                                              changed=self._board_changed, totals=self._window_totals)
-            self.window = window
         elif not windowed:
-            if self.window is not None and self.window.calibrated:
-                self._dropped_cmd_us = self.window.cmd_us
-            self.window = self.launches = None
-        elif self.window.window_us != window_us:
+            if window is not None and window.calibrated:
+                self._dropped_cmd_us = window.cmd_us
+            self.launches = None
+        elif window.window_us != window_us:
             self.launches.resize(window_us)
         self.guarded = guarded
         if tracking and not self.tracking and self._watcher is None:
@@ -465,6 +465,12 @@ class Gate:
         if self.seen_generation != self.board_generation[0] or not self.clear_to_run:
             self.check()                           # kernels a parent launches after this child are gated too
 
+    @property
+    def window(self):
+        """Our progressive window while we are windowed, else None (the launch loop's)."""
+        launches = self.launches
+        return None if launches is None else launches.window
+
     def leaves_counted(self):
         """Changes whenever a leaf is counted (the count since the last sync point, the leaves counted
         without a window, and sync points)."""
@@ -554,8 +560,9 @@ class Gate:
         self.held_s += time.monotonic() - start
         if slot is not None and slot == self.slot:
             self.board.write(slot, held=0, held_s=self.held_s, announce=False)
-        if self.window is not None:
-            self.window.paused()
+        window = self.window
+        if window is not None:
+            window.paused()
 
     def stats(self):
         """What this client went through, for reports (`XSCHED_LV3_REPORT`, benchmarks)."""

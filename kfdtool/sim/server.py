@@ -428,7 +428,7 @@ class SimServer(ConnectionLoop):
             request, arg, regions, made_at = parse_ioctl(body)
             act = partial(self._ioctl, conn, sender, request, arg, regions)
         elif kind == b"B":
-            opened = self.kfd.processes.get(conn.opener) if conn.opener is not None else None
+            opened = self.kfd.processes.get(conn.opener)       # None: not opened (its calls answer so)
             return self._ioctls(conn, Batch(sender, opened, collections.deque(parse_batch(body))))
         elif kind == b"C":
             def act():
