@@ -253,7 +253,7 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     sim.dir.mkdir(exist_ok=True)
     (sim.dir / "ready").unlink(missing_ok=True)
     place_sysfs_tree(sim.dir)
-    cmd = [sys.executable, "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
+    cmd = [sys.executable, "-m", "cProfile", "-o", os.environ.get("SIMPROF", "/tmp/s46/prof"), "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
     cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
     if not realtime:
         cmd.append("--no-realtime")
