@@ -44,6 +44,8 @@ CASES = [
     *[(S + ["preempt", "--pid", "1", "--for", v], U) for v in ["0", "-1", "abc", "99999999999s", "1e999s", "5h"]],
     *[(S + ["preempt", "--pid", "1", "--grace", v], U) for v in ["-1", "256", "abc"]],
     (S + ["preempt", "--pid", "1", "--queue", "abc"], U), (S + ["preempt", "--pid", "1", "--queue", "-1"], U),
+    # a queue id past the kernel's 1024 names no queue (and 2**32 wrapped to queue 0 in the ioctl's array)
+    (S + ["preempt", "--pid", "1", "--queue", "1024"], U), (S + ["resume", "--pid", "1", "--queue", "4294967296"], U),
     (S + ["preempt", "--pid", "1", "--gpu", "-1"], U), (S + ["preempt", "--pid", "２５０２"], U), (S + ["preempt", "--pid", "1", "--mechanism", "bogus"], U),
     (S + ["resume"], U), (S + ["resume", "--pid", "1"], U), (S + ["resume", "--pid", "abc", "--all"], U),
     (S + ["resume", "--pid", "999999", "--all"], E), (S + ["resume", "--pid", "1", "--all", "--queue", "1"], U),
@@ -62,7 +64,8 @@ CASES = [
     (X + ["run", "--", "no-such-program-xyz"], NOT_FOUND), (X + ["run", "--", "{tmp}/not-executable"], CANNOT_RUN),
     (X + ["run", "--", "z" * 300], CANNOT_RUN), (X + ["run", "--", "{tmp}/notes.txt/x"], CANNOT_RUN),   # too long; not a folder
     *[(X + ["run", "--priority", v, "--", "true"], code) for v, code in [("abc", U), ("5000", U), ("-5000", U), ("1.5", U)]],
-    (X + ["run", "--policy", "bogus", "--", "true"], U),
+    (X + ["run", "--policy", "bogus", "--", "true"], U), (X + ["run", "--priority", "１", "--", "true"], U),
+    (X + ["run", "--", ""], NOT_FOUND),
     *[(X + ["run", "--window-us", v, "--", "true"], U) for v in ["-1", "nan", "inf"]],
     (X + ["run", "--window-us", "abc", "--", "true"], U),
     *[(X + ["run", "--latency-slack", v, "--", "true"], U) for v in ["-0.1", "nan", "inf"]],
@@ -75,12 +78,15 @@ CASES = [
     (X + ["hint", "--pid", "1", "--priority", "abc", "--socket", "/x"], U),
     (X + ["daemon", "--policy", "bogus"], U), *[(X + ["daemon", "--attached-poll-ms", v], U) for v in ["0", "nan", "abc"]],
     (X + ["daemon", "--trace", "{tmp}/fifo"], U), (X + ["daemon", "--trace", "{tmp}"], U),   # nobody reads it; a folder
+    (X + ["daemon", "--trace", "/proc/self/status"], U),        # opens, yet cannot be appended to
     (X + ["attach", "--pid", "1", "--priority", "5000"], U),
 ]
 ENV_CASES = [            # the same commands, held wrong through the environment
     ({"XSCHED_LV3_BOARD": "{tmp}"}, X + ["status"]), ({"XSCHED_LV3_BOARD": "{tmp}/missing/board"}, X + ["status"]),
     ({"XSCHED_LV3_BOARD": "{tmp}/notes.txt"}, X + ["status"]),
     ({"XSCHED_LV3_BOARD": "{tmp}/notes.txt"}, X + ["run", "--", "false"]),   # runs unscheduled: false's status, one warning
+    ({"XSCHED_LV3_BOARD": "/proc/self/status"}, X + ["status"]),   # a file of ours that cannot be a board
+    ({"KFDTOOL_SIM_DIR": "{tmp}/" + "e" * 120}, K + ["sim", "start", "mi210"]),   # no room for its socket's name
     ({"KFDTOOL_SYSFS_ROOT": "/nonexistent"}, K + ["topology"]), ({"KFDTOOL_SYSFS_ROOT": "/etc/hostname"}, K + ["queues"]),
 ]
 
@@ -149,3 +155,26 @@ def test_an_output_error_is_named_as_such(area):
         result = subprocess.run([sys.executable, "-m", "xsched_lv3", "status"], stdout=full, stderr=subprocess.PIPE,
                                 text=True, env=env, timeout=60)
     assert result.returncode == 1 and result.stderr.strip() == "xsched-lv3: No space left on device", result.stderr
+
+
+def test_an_unusable_board_is_named_in_the_error(area):
+    result = _run(area, X + ["status"], {"XSCHED_LV3_BOARD": "/proc/self/status"})
+    assert result.returncode == E and "board /proc/self/status:" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("argv", [S + ["topology"], S + ["queues", "--json"], X + ["status"], X + ["status", "--json"]],
+                         ids=lambda a: " ".join(a))
+def test_a_reader_that_went_away_ends_the_command_quietly(area, argv):
+    """`kfdtool topology | head -1`: no message about the pipe, and both commands end alike (status 1,
+    as rich's console ends one whose table could not be written)."""
+    program, *args = argv
+    module = "kfdtool" if program == "kfdtool" else "xsched_lv3"
+    env = dict(os.environ, KFDTOOL_RUN_DIR=str(area / "run"), XSCHED_LV3_BOARD=str(area / "run" / "board"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", module, *args], stdout=write_end, stderr=subprocess.PIPE,
+                                text=True, env=env, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1 and result.stderr == "", result.stderr

@@ -317,6 +317,25 @@ def test_recover_library_call(sim, victim):
         kfd.close()
 
 
+def test_a_queue_id_past_32_bits_is_refused_not_wrapped_onto_queue_0(sim, victim):
+    """The ioctl's queue array holds u32 ids: 2**32 became 0 there, and `resume --queue 4294967296`
+    resumed queue 0, reporting success (a hostile-input sweep)."""
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        mech = DebugTrapSuspend(kfd, victim)
+        mech.suspend([0])
+        for bad in (2 ** 32, -1):
+            with pytest.raises(ValueError, match="queue ids must be integers"):
+                mech.resume([bad])
+            with pytest.raises(ValueError, match="queue ids must be integers"):
+                mech.suspend([bad])
+        assert not states(sim, victim)[0]["active"]          # still suspended: nothing was resumed
+        mech.close()
+        assert all(q["active"] for q in states(sim, victim).values())
+    finally:
+        kfd.close()
+
+
 def _wait_for(predicate, timeout=10):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -317,6 +317,7 @@ def test_a_second_daemon_on_the_same_board_through_another_socket_is_refused(tmp
         assert second.returncode == 1 and f"already serves the board {tmp_path / 'board'}".encode() in err, err
         assert len(err.strip().splitlines()) == 1
         assert not (tmp_path / "other.sock").exists()
+        assert not (tmp_path / "other.sock.lock").exists()     # a refused start leaves nothing behind
         assert_serving(str(tmp_path / "d.sock"))
         board = Board(str(tmp_path / "board"))
         assert board.daemon_pid() == first.pid
@@ -331,7 +332,7 @@ def test_a_signal_shuts_down_cleanly_removing_only_our_socket(tmp_path, signum):
     sock = tmp_path / "d.sock"
     assert stat.S_IMODE(sock.lstat().st_mode) == 0o600
     stop_daemon(proc, signum)
-    assert not sock.exists() and (tmp_path / "d.sock.lock").exists()
+    assert not sock.exists() and not (tmp_path / "d.sock.lock").exists()    # nothing to recover
     # the socket replaced under a running daemon (someone else's file now): left alone at shutdown
     proc = start_daemon(tmp_path)
     sock.unlink()
@@ -350,6 +351,48 @@ def test_a_killed_daemons_socket_is_reclaimed_by_the_next(tmp_path):
     proc = start_daemon(tmp_path)
     assert_serving(str(tmp_path / "d.sock"))
     stop_daemon(proc)
+
+
+def test_a_refused_start_removes_only_the_lock_files_it_made(tmp_path):
+    """A --socket that is a folder, a file or a dangling symlink is refused at bind: the lock file
+    made for it goes with the refusal (a hostile-input sweep found one left per refused start)."""
+    for name, make in [("dir", lambda p: p.mkdir()), ("file", lambda p: p.write_text("x\n")),
+                       ("dangling", lambda p: p.symlink_to(tmp_path / "nowhere"))]:
+        path = tmp_path / name
+        make(path)
+        env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(path))
+        result = subprocess.run([sys.executable, "-m", "xsched_lv3", "daemon", "--socket", str(path)], env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not Path(f"{path}.lock").exists() and not (tmp_path / "board.lock").exists(), name
+        assert os.path.lexists(path), name                 # what the path named is left alone
+
+
+def test_a_lock_file_removed_while_another_waited_to_lock_it_is_opened_again(tmp_path, monkeypatch):
+    """The one race a removable lock file has: a second daemon opens the name, the first removes the
+    file and lets go, the second locks the removed file. It must notice and lock the name's new file,
+    or a third daemon would lock that one beside it."""
+    import fcntl
+
+    from xsched_lv3 import daemon as daemon_mod
+    path = str(tmp_path / "x.lock")
+    first = daemon_mod.SingleInstance(path, "x")
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_the_first_let_go(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:
+            first.release()                    # between the second's open and its flock
+        return real_flock(fd, op)
+    monkeypatch.setattr(daemon_mod.fcntl, "flock", flock_after_the_first_let_go)
+    second = daemon_mod.SingleInstance(path, "x")
+    assert len(calls) == 2                     # locked the removed file, then the name's new one
+    assert os.fstat(second.fd).st_ino == os.stat(path).st_ino
+    monkeypatch.setattr(daemon_mod.fcntl, "flock", real_flock)
+    with pytest.raises(daemon_mod.DaemonRefused, match="already serves x"):
+        daemon_mod.SingleInstance(path, "x")   # a third is refused: one lock for the name
+    second.release()
+    assert not os.path.exists(path)
 
 
 def test_default_socket_lives_in_a_private_directory(tmp_path):

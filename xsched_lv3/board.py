@@ -140,6 +140,12 @@ class Board:
             if self.mm[:8] != MAGIC:
                 self.mm.close()
                 raise BoardUnusable(f"{self.path} is not an xsched_lv3 board")
+        except OSError as e:
+            os.close(fd)
+            if e.filename is not None:
+                raise
+            # a regular file of ours that cannot serve (procfs: no seeking, no mapping): say which
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         except BaseException:
             os.close(fd)
             raise

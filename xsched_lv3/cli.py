@@ -44,6 +44,8 @@ def _checked(check, parse=float):
     """An argparse type: the text parsed, then `check` (which raises ValueError with its reason)
     applied, so that an out-of-range value is a usage error (exit 2) like an unparsable one."""
     def convert(text):
+        if not text.isascii():             # int() and float() take "１" (full-width): nobody means it
+            raise argparse.ArgumentTypeError(f"wants ASCII digits, got {text!r}")
         try:
             value = parse(text)
         except ValueError:
@@ -79,7 +81,11 @@ def _trace_file(path):
     except OSError as e:
         reason = "a FIFO with no reader" if e.errno == errno.ENXIO else (e.strerror or str(e))
         raise argparse.ArgumentTypeError(f"cannot write to {path}: {reason}") from None
-    return os.fdopen(fd, "a")
+    try:
+        return os.fdopen(fd, "a")
+    except OSError as e:                   # opened, yet not a file to append to (/proc/self/status: no seeking)
+        os.close(fd)
+        raise argparse.ArgumentTypeError(f"cannot append to {path}: {e.strerror or e}") from None
 
 
 def _attached_poll_ms(value):
@@ -189,6 +195,9 @@ def cmd_run(args):
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("nothing to run: xsched-lv3 run [options] -- program [args]")
+    if not argv[0]:                        # execve refuses an empty name; env(1) says not found
+        print("xsched-lv3: '': command not found", file=sys.stderr)
+        return 127
     env = dict(os.environ, XSCHED_LV3_PRIORITY=str(args.priority),
                XSCHED_LV3_POLICY=args.policy)
     for name in ("XSCHED_LV3_BOARD", "XSCHED_LV3_SOCKET"):
@@ -371,6 +380,8 @@ def main(argv=None):
         args.parser.print_usage(sys.stderr)
         print(f"xsched-lv3 {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:                # (a ConnectionError) our output's reader went away: entry.run, quietly
+        raise
     except (ValueError, ConnectionError, RuntimeError, KfdError) as e:
         print(f"xsched-lv3: {e}", file=sys.stderr)
         return 1

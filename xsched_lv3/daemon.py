@@ -93,31 +93,48 @@ class SingleInstance:
     """An flock on `path` (`<socket>.lock`, `<board>.lock`), held for the daemon's life: a second
     daemon on the same socket, or on the same board through another socket, is refused instead of
     taking it over. The socket's file also records the socket we bound (st_dev, st_ino), so that only
-    that socket is ever unlinked, by us or, after a crash, by our successor. The lock file itself
-    stays (unlinking a lock file lets two processes lock two different files)."""
+    that socket is ever unlinked, by us or, after a crash, by our successor (a killed daemon's lock
+    file stays, with that record). A daemon that lets go of it (a clean shutdown, or a start that was
+    refused) removes the lock file while still holding it; whoever opened that name meanwhile finds,
+    once it holds the lock, that the name no longer leads to its file, and opens it again: two
+    processes never hold locks on two different files of one name."""
 
     def __init__(self, path, serves):
         self.path = path
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            reason = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
-            raise DaemonRefused(f"cannot open the lock file {self.path}: {reason}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise DaemonRefused(f"{self.path} is not a regular file of ours: refusing it as the lock file")
+        while True:
+            fd = self._open()
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = self._read(fd).get("pid", "?")
-                raise DaemonRefused(f"another xsched-lv3 daemon (pid {holder}) already serves {serves}") from None
-        except BaseException:
-            os.close(fd)
-            raise
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    raise DaemonRefused(f"{self.path} is not a regular file of ours: refusing it as the lock file")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = self._read(fd).get("pid", "?")
+                    raise DaemonRefused(f"another xsched-lv3 daemon (pid {holder}) already serves {serves}") from None
+                if self._names(fd):
+                    break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)                   # removed by the daemon that held it: the name's new file
         self.fd = fd
         self.previous_socket = self._read(fd).get("socket")    # [st_dev, st_ino] a crashed daemon bound
         self.record(None)
+
+    def _open(self):
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            reason = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            raise DaemonRefused(f"cannot open the lock file {self.path}: {reason}") from None
+
+    def _names(self, fd):
+        """Whether our path still leads to the file `fd` is open on."""
+        try:
+            return _identity(os.lstat(self.path)) == _identity(os.fstat(fd))
+        except FileNotFoundError:
+            return False
 
     @staticmethod
     def _read(fd):
@@ -132,6 +149,10 @@ class SingleInstance:
         os.pwrite(self.fd, json.dumps({"pid": os.getpid(), "socket": bound}).encode(), 0)
 
     def release(self):
+        """Let go, removing the lock file first (nothing is left to recover: our socket is gone, or
+        was never bound)."""
+        if self._names(self.fd):
+            os.unlink(self.path)
         os.close(self.fd)                  # drops the flock
 
 
@@ -287,7 +308,6 @@ class Daemon(ConnectionLoop):
         if self.listener:
             self.listener.close()
         _unlink_if_ours(self.socket_path, self.bound)
-        self.lock.record(None)
         self.lock.release()
         self.board_lock.release()
 

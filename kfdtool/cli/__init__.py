@@ -91,7 +91,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        return 0
+        raise                                 # our output's reader went away: entry.run, quietly
     except OSError as e:                      # an unreadable or looping directory in a sysfs tree, ...
         where = f"{e.filename}: " if e.filename else ""
         print(f"kfdtool: {where}{e.strerror or e}", file=sys.stderr)

@@ -17,7 +17,7 @@ def _number(kind, text, low, inclusive, high=None):
     if value < low or (value == low and not inclusive):
         raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low}, got {text}")
     if high is not None and value > high:
-        raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be <= {high if isinstance(high, int) else f'{high:g}'}, got {text}")
     return value
 
 
@@ -27,6 +27,14 @@ def positive_int(text):
 
 def non_negative_int(text):
     return _number(int, text, 0, inclusive=True)
+
+
+def queue_id(text):
+    """A KFD queue id: the kernel gives a process ids below KFD_MAX_NUM_OF_QUEUES_PER_PROCESS
+    (kfd_process_queue_manager.c: find_available_queue_slot), so a larger one names no queue (and
+    would wrap in the ioctl's 32-bit queue array, naming another)."""
+    from kfdtool.ioctls.constants import KFD_MAX_NUM_OF_QUEUES_PER_PROCESS
+    return _number(int, text, 0, inclusive=True, high=KFD_MAX_NUM_OF_QUEUES_PER_PROCESS - 1)
 
 
 def positive_float(text):

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from .argtypes import grace_period, non_negative_int, positive_int
+from .argtypes import grace_period, positive_int, queue_id
 from .render import console, human_bytes, import_rich, print_json, table
 from .commands import help_for
 
@@ -70,7 +70,7 @@ def add_parser(sub):
     p = sub.add_parser("preempt", help=PREEMPT_HELP, description=PREEMPT_HELP, epilog=PREEMPT_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pid", type=positive_int, required=True, help="target process")
-    p.add_argument("--queue", type=non_negative_int, action="append", help="queue id (repeatable; default: all)")
+    p.add_argument("--queue", type=queue_id, action="append", help="queue id (repeatable; default: all)")
     p.add_argument("--gpu", type=positive_int, action="append", help="only queues on this gpu_id (repeatable)")
     p.add_argument("--grace", type=grace_period, default=None, help="grace period, 1K GPU clocks (0-255, HWS only)")
     p.add_argument("--for", dest="duration", type=parse_duration, help="resume after DURATION (e.g. 500ms)")
@@ -83,7 +83,7 @@ def add_parser(sub):
     r.add_argument("--pid", type=positive_int, required=True)
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--all", action="store_true", help="every queue of the process")
-    what.add_argument("--queue", type=non_negative_int, action="append", help="queue id (repeatable)")
+    what.add_argument("--queue", type=queue_id, action="append", help="queue id (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(run=run_resume)
 

@@ -48,6 +48,15 @@ def check_grace_period(grace_period):
     return grace_period
 
 
+def _queue_array(qids):
+    """The ioctl's queue array (u32 ids, which the kernel writes each queue's status into). An id
+    that does not fit would wrap into another queue's: refused."""
+    bad = [q for q in qids if not isinstance(q, int) or not 0 <= q <= 0xFFFFFFFF]
+    if bad:
+        raise ValueError(f"queue ids must be integers in 0..{0xFFFFFFFF}, got {bad[0]!r}")
+    return (ctypes.c_uint32 * len(qids))(*qids)
+
+
 class PreparedCall:
     """One SUSPEND_QUEUES or RESUME_QUEUES of a target, prepared and not yet made, so that those of
     several targets can be made back to back (`make_back_to_back`). `arg` is None where there is
@@ -275,7 +284,7 @@ class DebugTrapSuspend(Mechanism):
 
     def _suspend_args(self, qids, grace):
         """(the queue array the kernel writes each queue's status into, the ioctl's argument)."""
-        arr = (ctypes.c_uint32 * len(qids))(*qids)
+        arr = _queue_array(qids)
         return arr, dbg_trap_args("SUSPEND_QUEUES", self.pid, "suspend_queues", exception_mask=NEW_MASK,
                                   queue_array_ptr=ctypes.addressof(arr), num_queues=len(qids), grace_period=grace)
 
@@ -298,7 +307,7 @@ class DebugTrapSuspend(Mechanism):
         qids = sorted(self._held) if qids is None else list(qids)
         if not qids:
             return PreparedCall.nothing(MechanismResult())
-        arr = (ctypes.c_uint32 * len(qids))(*qids)
+        arr = _queue_array(qids)
         arg = dbg_trap_args("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
                             num_queues=len(qids))
         return PreparedCall(arg, lambda: self._resumed(qids, arr))

@@ -19,6 +19,9 @@ from .protocol import PROTOCOL
 START_TIMEOUT_S = 30
 
 
+UNIX_PATH_MAX = 108                      # sockaddr_un.sun_path, its NUL included (linux/un.h)
+
+
 def base_dir():
     return Path(os.environ.get("KFDTOOL_SIM_DIR") or default_base_dir())
 
@@ -249,11 +252,14 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
                 raise SimulatorError(f"simulated {name} already runs with {param}={now}; "
                                      f"stop it first (`kfdtool sim stop {name}`)")
         return sim
+    if len(os.fsencode(sim.socket)) > UNIX_PATH_MAX - 1:      # before anything is made there
+        raise SimulatorError(f"{sim.socket} is too long for a unix socket ({UNIX_PATH_MAX - 1} bytes at most): "
+                             f"choose a shorter KFDTOOL_SIM_DIR")
     _own_base_dir()
     sim.dir.mkdir(exist_ok=True)
     (sim.dir / "ready").unlink(missing_ok=True)
     place_sysfs_tree(sim.dir)
-    cmd = [sys.executable, "-m", "cProfile", "-o", os.environ.get("SIMPROF", "/tmp/s46/prof"), "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
+    cmd = [sys.executable, "-m", "kfdtool.sim.server", "--preset", name, "--dir", str(sim.dir), "--abi", abi]
     cmd += [f"--param={k}={v}" for k, v in (params or {}).items()]
     if not realtime:
         cmd.append("--no-realtime")
@@ -265,12 +271,22 @@ def start(name, abi="1.23", params=None, realtime=True, patched_preempt=False):
     deadline = time.monotonic() + START_TIMEOUT_S
     while not (sim.dir / "ready").exists():
         if proc.poll() is not None:
-            raise SimulatorError(f"simulator for {name} exited at start; see {sim.dir / 'server.log'}")
+            raise SimulatorError(f"simulator for {name} exited at start{_last_words(sim.dir / 'server.log')}; "
+                                 f"see {sim.dir / 'server.log'}")
         if time.monotonic() > deadline:
             proc.kill()
             raise SimulatorError(f"simulator for {name} did not start within {START_TIMEOUT_S}s")
         time.sleep(0.02)
     return sim
+
+
+def _last_words(log_path):
+    """The last line the server wrote (its error, where it raised one), as ': LINE', or ''."""
+    try:
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1][:200]}" if lines else ""
 
 
 def stop(name):
