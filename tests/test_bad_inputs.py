@@ -56,6 +56,10 @@ CASES = [
     (K + ["sim", "start", "mi308x", "--abi", "9.9"], U), (K + ["sim", "start", "mi308x", "--param", "oops"], E),
     (K + ["sim", "start", "mi308x", "--param", "nosuch=1"], E),
     (K + ["sim", "start", "mi308x", "--param", "sched_policy=abc"], E),
+    # kfd_init would not load KFD at all with these
+    (K + ["sim", "start", "mi308x", "--param", "sched_policy=3"], E),
+    (K + ["sim", "start", "mi308x", "--param", "max_num_of_queues_per_device=0"], E),
+    (K + ["sim", "start", "mi308x", "--param", "sched_policy=99999999999999999999999"], E),
     *[(K + ["sim", "workload", "mi308x", opt, v], U) for opt in ["--procs", "--gpus", "--waves"] for v in ["0", "-5", "abc"]],
     *[(K + ["sim", "workload", "mi308x", opt, v], U) for opt in ["--queues", "--sdma"] for v in ["-1", "abc"]],
     (K + ["sim", "workload", "mi308x", "--gpus", "999"], E), (K + ["sim", "workload", "mi308x", "--procs", "100000"], U), (K + ["demo", "--machine", "nosuch"], E),
@@ -76,7 +80,8 @@ CASES = [
     (X + ["hint", "--pid", "1", "--priority", "5", "--socket", "/nonexistent.sock"], E),
     (X + ["hint", "--pid", "1", "--utilization", "500", "--socket", "/x"], U),
     (X + ["hint", "--pid", "1", "--priority", "abc", "--socket", "/x"], U),
-    (X + ["daemon", "--policy", "bogus"], U), *[(X + ["daemon", "--attached-poll-ms", v], U) for v in ["0", "nan", "abc"]],
+    (X + ["daemon", "--policy", "bogus"], U), (X + ["daemon", "--socket", ""], U), (X + ["status", "--socket", ""], U),
+    (K + ["demo", "--machine", ""], U), *[(X + ["daemon", "--attached-poll-ms", v], U) for v in ["0", "nan", "abc"]],
     (X + ["daemon", "--trace", "{tmp}/fifo"], U), (X + ["daemon", "--trace", "{tmp}"], U),   # nobody reads it; a folder
     (X + ["daemon", "--trace", "/proc/self/status"], U),        # opens, yet cannot be appended to
     (X + ["attach", "--pid", "1", "--priority", "5000"], U),

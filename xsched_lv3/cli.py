@@ -110,7 +110,7 @@ def build_parser():
                    help="append one line per Lv3 suspend and resume (monotonic time, pid, duration)")
     d.add_argument("--sim", metavar="NAME", type=non_empty, help="preempt through the simulated KFD NAME (`kfdtool sim start NAME`) "
                                                 "instead of /dev/kfd")
-    d.add_argument("--socket", help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
+    d.add_argument("--socket", type=non_empty, help="socket path (default $XDG_RUNTIME_DIR/xsched-lv3/daemon.sock, else "
                                     "/tmp/xsched-lv3-<uid>/daemon.sock; a 0700 directory); the daemon holds "
                                     "PATH.lock (and the board's BOARD.lock) while it runs. Clients find another PATH only through "
                                     "XSCHED_LV3_SOCKET=PATH in their environment")
@@ -147,21 +147,21 @@ def build_parser():
     a.add_argument("--priority", type=_hint_arg("priority"), default=0)
     a.add_argument("--device", type=int, metavar="GPU_ID",
                    help="the KFD gpu_id its work runs on (default: counts on every GPU)")
-    a.add_argument("--socket")
+    a.add_argument("--socket", type=non_empty)
     a.set_defaults(run=cmd_attach)
     dt = sub.add_parser("detach", help="stop scheduling an attached process (resumes it)")
     dt.add_argument("--pid", type=int, required=True)
-    dt.add_argument("--socket")
+    dt.add_argument("--socket", type=non_empty)
     dt.set_defaults(run=cmd_detach)
     s = sub.add_parser("status", help="scheduled clients: level and why, state, suspends, held time")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--socket", help="the daemon's socket, if it was started with --socket")
+    s.add_argument("--socket", type=non_empty, help="the daemon's socket, if it was started with --socket")
     s.set_defaults(run=cmd_status)
     h = sub.add_parser("hint", help="change a scheduled process's hints (root or its owner)")
     h.add_argument("--pid", type=int, required=True)
     for name in HINTS:
         h.add_argument("--" + name.replace("_", "-"), dest=name, type=_hint_arg(name))
-    h.add_argument("--socket")
+    h.add_argument("--socket", type=non_empty)
     h.set_defaults(run=cmd_hint, parser=h)
     return p
 

@@ -4,6 +4,7 @@ import os
 import signal
 
 from ..sysfs import SysfsRoot
+from .argtypes import non_empty
 from . import cwsr_cmd, preempt_cmd, queues_cmd, topology_cmd
 from .context import Context
 from .render import console
@@ -21,7 +22,7 @@ WORKLOADS = (   # role, GPUs, compute queues per GPU, SDMA queues per GPU, waves
 def add_parser(sub):
     p = sub.add_parser("demo", help=HELP, description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  kfdtool demo\n  kfdtool demo --machine mi300x --keep\n")
-    p.add_argument("--machine", help="simulated machine (default mi308x; `kfdtool --sim NAME demo` names it too)")
+    p.add_argument("--machine", type=non_empty, help="simulated machine (default mi308x; `kfdtool --sim NAME demo` names it too)")
     p.add_argument("--keep", action="store_true", help="leave the simulator and its processes running")
     p.set_defaults(run=run)
 

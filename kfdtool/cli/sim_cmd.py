@@ -65,20 +65,13 @@ def run_list(args, ctx):
 
 
 def _params(items):
-    from ..sim.machine import DEFAULT_PARAMETERS
+    from ..sim.machine import parse_parameter
     params = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--param wants NAME=VALUE, got {item!r}")
-        if name not in DEFAULT_PARAMETERS:
-            raise ValueError(f"unknown amdgpu parameter {name!r}; choose one of: {', '.join(DEFAULT_PARAMETERS)}")
-        if isinstance(DEFAULT_PARAMETERS[name], int):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ValueError(f"--param {name} wants an integer, got {value!r}") from None
-        params[name] = value
+        name, params[name] = parse_parameter(name, value)
     return params
 
 

@@ -15,6 +15,7 @@ import zlib
 from collections import namedtuple
 from pathlib import Path
 
+from ..ioctls.constants import KFD_MAX_NUM_OF_QUEUES_PER_PROCESS
 from . import ABIS
 from .nodes import parse_properties
 
@@ -68,6 +69,35 @@ DEFAULT_PARAMETERS = {          # amdgpu module parameters (kfd-abi.md §6.1) at
     "send_sigterm": 0, "halt_if_hws_hang": 0, "hws_gws_support": "N", "queue_preemption_timeout_ms": 9000,
     "debug_evictions": "N", "no_queue_eviction_on_vm_fault": 0, "noretry": -1,
 }
+
+
+# kfd_module.c: kfd_init refuses to load KFD (no /dev/kfd at all) with these outside their range
+KFD_MAX_NUM_OF_PROCESSES = 512                                          # kfd_priv.h
+PARAMETER_RANGES = {"sched_policy": (0, 2),     # KFD_SCHED_POLICY_HWS .. KFD_SCHED_POLICY_NO_HWS
+                    "max_num_of_queues_per_device": (1, KFD_MAX_NUM_OF_PROCESSES * KFD_MAX_NUM_OF_QUEUES_PER_PROCESS)}
+INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1        # module_param(..., int): kstrtoint, else -ERANGE
+
+
+def parse_parameter(name, value):
+    """An amdgpu module parameter as the kernel would take it at load: (name, value), or ValueError
+    with the reason. Integers must fit an int; bools (kstrtobool) read back as Y or N."""
+    if name not in DEFAULT_PARAMETERS:
+        raise ValueError(f"unknown amdgpu parameter {name!r}; choose one of: {', '.join(DEFAULT_PARAMETERS)}")
+    text = str(value).strip()
+    if isinstance(DEFAULT_PARAMETERS[name], str):                      # a bool parameter
+        if text[:1] in ("Y", "y", "1") or text.lower() in ("on", "true"):
+            return name, "Y"
+        if text[:1] in ("N", "n", "0") or text.lower() in ("off", "false"):
+            return name, "N"
+        raise ValueError(f"{name} wants Y or N, got {text!r}")
+    if isinstance(value, bool) or not text.isascii() or not text.lstrip("+-").isdigit():
+        raise ValueError(f"{name} wants an integer, got {text!r}")
+    number = int(text)
+    low, high = PARAMETER_RANGES.get(name, (INT_MIN, INT_MAX))
+    if not low <= number <= high:
+        raise ValueError(f"{name} must be in {low}..{high} (the kernel would not load KFD), got {number}"
+                         if name in PARAMETER_RANGES else f"{name} must fit an int, got {number}")
+    return name, number
 
 
 def find_preset(name):

@@ -58,7 +58,7 @@ from . import clock
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
-from .machine import DEFAULT_PARAMETERS, find_profile, materialize
+from .machine import DEFAULT_PARAMETERS, find_profile, materialize, parse_parameter
 from .memory import UserMemory
 from .protocol import (IOCTL, LEN, MAX_BATCH_CALLS, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame,
                        json_frame, pack_items, pack_regions, parse_batch, parse_control, parse_ioctl,
@@ -750,6 +750,7 @@ class SimServer(ConnectionLoop):
         protocol (cheap bulk workloads for benchmarks); it is released when it exits."""
         pid = int(msg["pid"])
         uid = int(msg.get("uid", conn.uid))
+        vram = {int(gpu): _count(size, "vram") for gpu, size in msg.get("vram", {}).items()}   # before any change
         if conn.uid != 0:                          # a user adopts only its own processes, as itself
             try:
                 owner = os.stat(f"/proc/{pid}").st_uid
@@ -772,17 +773,18 @@ class SimServer(ConnectionLoop):
             q.exception_status = 0
             proc.queues = {qid: q, **proc.queues}
             self.kfd.sysfs.add_queue(pid, qid, q.ring_size, self.kfd._sysfs_type(q.queue_type), gpu)
-        for gpu, size in msg.get("vram", {}).items():
-            proc.vram[int(gpu)] = int(size)
+        for gpu, size in vram.items():
+            proc.vram[gpu] = size
             self.kfd.sysfs.set(pid, f"vram_{gpu}", size)
         return {"queues": len(proc.queues)}
 
     def ctl_set_waves(self, conn, msg):
+        waves = _count(msg["waves"], "waves")
         proc = self._proc(msg)
         for q in proc.queues.values():
             if msg.get("qid") is None or q.qid == int(msg["qid"]):
                 q.sync_progress()
-                q.resident_waves = min(int(msg["waves"]), max_waves(self.kfd.devices[q.gpu_id].node))
+                q.resident_waves = min(waves, max_waves(self.kfd.devices[q.gpu_id].node))
                 q.sync_progress()
         self._refresh_occupancy(proc)
         return {}
@@ -845,9 +847,7 @@ class SimServer(ConnectionLoop):
                 "restore_s": cost.restore_s, "saved_bytes": cost.saved_bytes}
 
     def ctl_set_param(self, conn, msg):
-        name, value = msg["name"], msg["value"]
-        if name not in DEFAULT_PARAMETERS:
-            raise ValueError(f"unknown amdgpu parameter {name!r}")
+        name, value = parse_parameter(msg["name"], msg["value"])
         self.params[name] = value
         (self.sysfs_root / "module" / "amdgpu" / "parameters" / name).write_text(f"{value}\n")
         return {}
@@ -855,6 +855,13 @@ class SimServer(ConnectionLoop):
     def ctl_shutdown(self, conn, msg):
         self.running = False
         return {}
+
+
+def _count(value, what):
+    """A control message's count (waves, bytes): a whole number >= 0, or ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 def _reply_body(ret, out, regions, n_fds, returns_at):
@@ -911,15 +918,12 @@ def _pid(text):
 
 def _param(text):
     name, sep, value = text.partition("=")
-    if not sep or name not in DEFAULT_PARAMETERS:
-        raise argparse.ArgumentTypeError(f"wants NAME=VALUE with NAME one of {', '.join(DEFAULT_PARAMETERS)}, "
-                                         f"got {text!r}")
-    if isinstance(DEFAULT_PARAMETERS[name], int):
-        try:
-            return name, int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} wants an integer, got {value!r}") from None
-    return name, value
+    try:
+        if not sep:
+            raise ValueError(f"wants NAME=VALUE, got {text!r}")
+        return parse_parameter(name, value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None):
