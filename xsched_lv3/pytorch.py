@@ -134,7 +134,7 @@ def _hook_backward(gate, module, out):
     """In a client that trains, a guarded leaf's output gets a pre-hook on the node that made it, so
     that its backward is gated too. Not every leaf's: autograd calling into Python is what gating a
     backward costs (a training ResNet-50 b32 on an H100 kept 0.88-0.92 of unscheduled with a hook at
-    every leaf, 0.96 with none: README, *A training batch job*), so only the leaves that own a weight
+    every leaf, 0.96 with none: docs/measurements.md, *A training batch job*), so only the leaves that own a weight
     matrix or filter (convolutions, linear layers, embeddings: whose backward computes a weight
     gradient, the bulk of a backward pass) get one, and any other leaf that is the
     MAX_LEAVES_PER_HOOK-th in a row (a model with few weighted layers stays covered); `module` None

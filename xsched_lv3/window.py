@@ -30,7 +30,7 @@ from collections import deque
 
 # The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
 # held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
-# README, "Choosing the window": kept at the HP-side bound; a sweep (results/diagnostics/window_sweep_*)
+# docs/measurements.md, *Choosing the window*: kept at the HP-side bound; a sweep (results/diagnostics/window_sweep_*)
 # was too small to move it.
 DEFAULT_WINDOW_US = 500.0
 # The widest window (1 s of GPU time in flight, already unbounded in effect; 0 says so): beyond it the
@@ -64,7 +64,7 @@ FORGET_AFTER_KEPT_UP = 8
 # hold us (a protected one, or an exposed one its guard protects mid-way) waits for, and such waits
 # are what the protection's overrun test judges. A GPU-bound client keeps its GPU fed that way: on an
 # H100, a ViT-B/16 b32 LP at 500 us placed a sync point after nearly every leaf and waited at half of
-# them (0.87 of alone while held under 1 s of 26 s; README, "xsched-lv3 run on an NVIDIA GPU").
+# them (0.87 of alone while held under 1 s of 26 s; docs/measurements.md, *A wider window while the service exposes*).
 EXPOSED_WINDOW_SCALE = 4
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fake-GPU probe (no GPU, no torch): what the progressive window costs a batch job shaped like GPT-2
-small at b16 (README, *A family the tables above do not cover*): twelve blocks of matrix products of
+small at b16 (docs/measurements.md, *A family the tables above do not cover*): twelve blocks of matrix products of
 150-500 us and elementwise kernels of 20-60 us, an attention block's own work between its children, a
 3 ms output projection, and Python time per module call (`--cpu-us`: Hugging Face modules cost more
 than torchvision's). The job runs guarded by an idle higher client (tests/fake_torch.py's GPU and
