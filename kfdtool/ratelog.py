@@ -28,5 +28,10 @@ class RateLimitedLog:
         self._write(text)
 
     def _write(self, text):
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name}: {text}", file=self.stream or sys.stderr,
-              flush=True)
+        # a log nobody can read any more (its pipe closed, a full disk) must not stop what it
+        # reports on: a daemon logging its shutdown would otherwise skip resuming the queues it holds
+        try:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name}: {text}", file=self.stream or sys.stderr,
+                  flush=True)
+        except (OSError, ValueError):          # ValueError: the stream was closed
+            self.dropped += 1

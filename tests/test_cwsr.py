@@ -15,7 +15,7 @@ from conftest import run_cli
 from kfdtool import errors
 from kfdtool.cli.sim_cmd import spawn_workload
 from kfdtool.cwsr import ptrace
-from kfdtool.cwsr.debugtrap import DebugTrapSuspend, check_grace_period, recover
+from kfdtool.cwsr.debugtrap import DebugTrapSuspend, check_grace_period, make_back_to_back, recover
 from kfdtool.cwsr.patched import PatchedIoctlSuspend
 from kfdtool.cwsr.update_queue import UpdateQueueSuspend
 from kfdtool.device import KfdDevice
@@ -324,7 +324,7 @@ def test_a_queue_id_past_32_bits_is_refused_not_wrapped_onto_queue_0(sim, victim
     try:
         mech = DebugTrapSuspend(kfd, victim)
         mech.suspend([0])
-        for bad in (2 ** 32, -1):
+        for bad in (2 ** 32, 2 ** 31, 1024, -1):     # 2**31: bit 31 is masked off, naming queue 0 too
             with pytest.raises(ValueError, match="queue ids must be integers"):
                 mech.resume([bad])
             with pytest.raises(ValueError, match="queue ids must be integers"):
@@ -334,6 +334,90 @@ def test_a_queue_id_past_32_bits_is_refused_not_wrapped_onto_queue_0(sim, victim
         assert all(q["active"] for q in states(sim, victim).values())
     finally:
         kfd.close()
+
+
+OLD_RULE_MACHINE = "mi210"          # started at ABI 1.17 (Linux 6.12's profile) by the tests below
+
+
+@pytest.fixture
+def old_rule_sim(sim_dir):
+    """A simulated kernel before 7.2: every DBG_TRAP op but DISABLE needs the target's ptrace parent."""
+    from kfdtool.sim import runner
+    runner.stop(OLD_RULE_MACHINE)
+    machine = runner.start(OLD_RULE_MACHINE, "1.17", realtime=False)
+    yield machine
+    runner.stop(OLD_RULE_MACHINE)
+
+
+def test_before_7_2_the_debugger_must_be_the_ptrace_parent_for_every_op_but_disable(old_rule_sim):
+    """kfd_chardev.c: kfd_ioctl_set_debug_trap before 7.2: `target != p && op != DISABLE &&
+    ptrace_parent(target) != current` is -EPERM ("not PTRACED"), whoever did ENABLE."""
+    pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=2, waves=100)
+    kfd = KfdDevice(old_rule_sim.open_kfd())
+    bystander = KfdDevice(old_rule_sim.open_kfd())
+    try:
+        ptrace.seize(pid)
+        kfd.dbg_trap("ENABLE", pid, "enable", dbg_fd=kfd.fd, exception_mask=0)
+        ptrace.detach(pid)
+        with pytest.raises(errors.PermissionDenied):        # the debugger, no longer its ptrace parent
+            kfd.dbg_trap("GET_QUEUE_SNAPSHOT", pid, "queue_snapshot", exception_mask=0, snapshot_buf_ptr=0,
+                         num_queues=0, entry_size=64)
+        bystander.dbg_trap("DISABLE", pid)                  # DISABLE: anyone
+        assert all(q["debugger"] is None for q in states(old_rule_sim, pid).values())
+    finally:
+        bystander.close()
+        kfd.close()
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_before_7_2_we_suspend_and_resume_through_a_ptrace_window_for_each_op(old_rule_sim):
+    """The same mechanism on both kernels: on one before 7.2 the first op after ENABLE is refused,
+    made again as the target's ptrace parent, and every later op goes that way; nothing is left
+    suspended, and the target is never left traced."""
+    pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=3, waves=100)
+    kfd = KfdDevice(old_rule_sim.open_kfd())
+    try:
+        mech = DebugTrapSuspend(kfd, pid)
+        outcomes = mech.suspend([0, 1]).outcomes
+        assert [o.outcome for o in outcomes] == ["suspended", "suspended"] and mech.ptrace_each_call
+        assert {qid: q["active"] for qid, q in states(old_rule_sim, pid).items()} == {0: False, 1: False, 2: True}
+        assert ptrace.tracer_of(pid) in (0, None)
+        # the daemon's path: prepared calls of several targets made back to back
+        [result] = make_back_to_back(kfd, [mech.resume_call([0])])
+        assert [o.outcome for o in result.outcomes] == ["resumed"]
+        assert states(old_rule_sim, pid)[0]["active"] and not states(old_rule_sim, pid)[1]["active"]
+        mech.close()
+        assert all(q["active"] and q["debugger"] is None for q in states(old_rule_sim, pid).values())
+        assert ptrace.tracer_of(pid) in (0, None)
+    finally:
+        kfd.close()
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_on_7_2_the_debugger_needs_no_ptrace_window_after_enable(sim, victim):
+    kfd = KfdDevice(sim.open_kfd())
+    try:
+        mech = DebugTrapSuspend(kfd, victim)
+        mech.suspend([0])
+        mech.resume([0])
+        assert not mech.ptrace_each_call
+        mech.close()
+    finally:
+        kfd.close()
+
+
+def test_kfdtool_preempt_works_on_a_kernel_before_7_2(old_rule_sim):
+    pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=2, waves=100)
+    try:
+        r = subprocess.run([sys.executable, "-m", "kfdtool", "--sim", OLD_RULE_MACHINE, "preempt", "--pid", str(pid),
+                            "--for", "50ms", "--json"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert {q["outcome"] for q in report["suspend"]} == {"suspended"}
+        assert {q["outcome"] for q in report["resume"]} == {"resumed"}
+        assert all(q["active"] and q["debugger"] is None for q in states(old_rule_sim, pid).values())
+    finally:
+        os.kill(pid, signal.SIGKILL)
 
 
 def _wait_for(predicate, timeout=10):
@@ -558,8 +642,9 @@ sys.stdin.readline()
 def test_a_refused_enable_takes_the_debugger_role_and_we_still_resume_everything(sim, victim):
     """kfd_ioctl_set_debug_trap names the caller of ENABLE the target's debugger_process before
     kfd_dbg_trap_enable refuses it (EALREADY): the debugger that did ENABLE gets EPERM from then on
-    and its exit no longer disables the target. Our DISABLE then goes through ptrace, so what we
-    suspended is resumed all the same."""
+    and its exit no longer disables the target. Each op of ours is then made again as the target's
+    ptrace parent, which the kernel admits, and so is our DISABLE: what we suspended is resumed all
+    the same, queue by queue as asked."""
     kfd = KfdDevice(sim.open_kfd())
     thief = None
     try:
@@ -569,8 +654,10 @@ def test_a_refused_enable_takes_the_debugger_role_and_we_still_resume_everything
                                  stdout=subprocess.PIPE, text=True)
         assert thief.stdout.readline().strip() == "EALREADY"
         assert {q["debugger"] for q in states(sim, victim).values()} == {thief.pid}   # the role went with it
-        with pytest.raises(errors.PermissionDenied):
-            mech.resume([0])
+        assert [o.outcome for o in mech.resume([0]).outcomes] == ["resumed"]
+        assert mech.ptrace_each_call                          # learned from the EPERM the window cured
+        assert {qid: q["active"] for qid, q in states(sim, victim).items()}[0]
+        assert ptrace.tracer_of(victim) in (0, None)          # the window closed again
         mech.close()
         assert all(q["active"] and q["debugger"] is None for q in states(sim, victim).values())
         assert ptrace.tracer_of(victim) in (0, None)          # and we let go of it again

@@ -134,6 +134,33 @@ def test_create_queue_validation(client, field, value, err):
     assert info.value.errno == err
 
 
+def test_an_eop_buffer_given_must_be_one_mapping_of_at_least_the_nodes_size(client):
+    """kfd_queue.c: kfd_queue_acquire_buffers: where eop_buffer_address is set, eop_buffer_size
+    below the node's (4096 off Tonga) is -EINVAL, and so is an address that is not where a mapping
+    of that size starts (kfd_queue_buffer_get). No EOP buffer at all is fine (libhsakmt's AQL
+    queues on gfx9.4.x)."""
+    rt, gpu = client.rt, client.gpus[0]
+    qid = rt.create_queue(gpu)
+    snap, buf = client_snapshot(client)
+    eop = rt.alloc(gpu, 4096)
+
+    def create(address, size):
+        args = s.kfd_ioctl_create_queue_args(
+            ring_base_address=rt.queues[qid]["ring_base"], ring_size=1 << 20, gpu_id=gpu, queue_type=2,
+            queue_percentage=100, queue_priority=7, read_pointer_address=snap["rptr"],
+            write_pointer_address=snap["wptr"], ctx_save_restore_address=snap["ctx"],
+            ctx_save_restore_size=snap["ctx_size"], ctl_stack_size=8192,
+            eop_buffer_address=address, eop_buffer_size=size)
+        client.kfd.ioctl("CREATE_QUEUE", args)
+        return args.queue_id
+    for address, size in [(eop, 2048), (eop + 0x100, 4096), (eop + (16 << 20), 4096), (eop, 8192)]:
+        with pytest.raises(errors.KfdIoctlError) as info:
+            create(address, size)
+        assert info.value.errno == errno.EINVAL, (hex(address), size)
+    made = create(eop, 4096)
+    client.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(queue_id=made))
+
+
 @pytest.mark.parametrize("asked", [0, 512])
 def test_a_ring_below_the_minimum_is_clamped_and_said(client, asked):
     """kfd_chardev.c: set_queue_properties_from_user clamps a ring_size below KFD_MIN_QUEUE_RING_SIZE
@@ -492,7 +519,8 @@ def test_suspend_stops_progress_resume_restarts_it(client):
 
 def test_destroy_of_suspended_queue_blocks_until_resume(client):
     """kfd_device_queue_manager.c: destroy_queue_cpsch: a suspended queue of a debugged process
-    waits (wait_event on the process's qpd) until the debugger resumes it."""
+    waits (wait_event on the process's qpd) until the debugger resumes it; pqm_destroy_queue has
+    removed its procfs entry before that wait, so sysfs no longer lists it meanwhile."""
     qid = client.rt.create_queue(client.gpus[0])
     client.enable_debug()
     client.snapshot()
@@ -505,6 +533,8 @@ def test_destroy_of_suspended_queue_blocks_until_resume(client):
     t = threading.Thread(target=destroy)
     t.start()
     assert not done.wait(0.3)             # sleeping in the kernel
+    queues = client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/queues"
+    assert str(qid) not in os.listdir(queues)          # gone from sysfs, still a queue of the process
     client.resume([qid])
     assert done.wait(5)
     t.join()

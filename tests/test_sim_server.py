@@ -143,6 +143,31 @@ def test_malformed_message_closes_only_its_connection_with_a_reason(server, name
     bystander.close()
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("010", 8), ("0x1000", 4096), ("-0x10", -16), ("+7", 7), ("12\n", 12),      # kstrtoint(s, 0) takes these
+    ("08", None), (" 1", None), ("+-1", None), ("1e3", None), ("0x", None), ("1\n\n", None),   # and not these
+])
+def test_integer_parameters_read_as_the_kernel_reads_them(text, expected):
+    from kfdtool.sim.machine import parse_parameter
+    if expected is None:
+        with pytest.raises(ValueError, match="wants an integer"):
+            parse_parameter("noretry", text)
+    else:
+        assert parse_parameter("noretry", text) == ("noretry", expected)
+
+
+@pytest.mark.parametrize("text,expected", [("t", "Y"), ("enable", "Y"), ("on", "Y"), ("onx", "Y"), ("1", "Y"),
+                                           ("f", "N"), ("disable", "N"), ("of", "N"), ("0", "N"), ("n", "N"),
+                                           ("o", None), ("", None), ("maybe", None)])
+def test_bool_parameters_read_as_kstrtobool_reads_them(text, expected):
+    from kfdtool.sim.machine import parse_parameter
+    if expected is None:
+        with pytest.raises(ValueError, match="wants a boolean"):
+            parse_parameter("debug_evictions", text)
+    else:
+        assert parse_parameter("debug_evictions", text) == ("debug_evictions", expected)
+
+
 @pytest.mark.parametrize("msg,needle", [
     ({"op": "adopt", "pid": [1]}, "control op 'adopt'"),
     ({"op": "adopt", "pid": 10 ** 30}, "control op 'adopt'"),
@@ -154,7 +179,7 @@ def test_malformed_message_closes_only_its_connection_with_a_reason(server, name
     ({"op": "adopt", "pid": os.getpid(), "vram": {"1": -5}}, "vram must be a whole number >= 0"),
     ({"op": "set_param", "name": "sched_policy", "value": 3}, "sched_policy must be in 0..2"),
     ({"op": "set_param", "name": "cwsr_enable", "value": 2 ** 40}, "cwsr_enable must fit an int"),
-    ({"op": "set_param", "name": "debug_evictions", "value": "maybe"}, "debug_evictions wants Y or N"),
+    ({"op": "set_param", "name": "debug_evictions", "value": "maybe"}, "debug_evictions wants a boolean"),
     ({"op": "adopt", "pid": os.getpid(), "queues": [{"gpu_id": 0}]}, "control op 'adopt'"),
     ({"op": "evict"}, "control op 'evict': missing field 'pid'"),
     ({"op": ["status"]}, "unknown control op"),

@@ -395,6 +395,38 @@ def test_a_lock_file_removed_while_another_waited_to_lock_it_is_opened_again(tmp
     assert not os.path.exists(path)
 
 
+def test_a_refused_start_leaves_a_killed_daemons_socket_for_the_next_to_reclaim(tmp_path):
+    """kill -9 leaves the socket and the lock file's record of it; a start on that socket that is
+    refused (another daemon serves the board) must leave both, or the next start finds a socket no
+    record names and refuses to remove it (a review found the record wiped)."""
+    killed = start_daemon(tmp_path)
+    killed.kill()
+    killed.wait()
+    other = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "o.sock"))
+    holder = start_daemon(tmp_path, env=other)
+    try:
+        refused = start_daemon(tmp_path, wait_ready=False)
+        _, err = refused.communicate(timeout=30)
+        assert refused.returncode == 1 and b"already serves the board" in err, err
+        assert (tmp_path / "d.sock").exists() and (tmp_path / "d.sock.lock").exists()
+    finally:
+        stop_daemon(holder)
+    proc = start_daemon(tmp_path)                  # reclaims the killed daemon's socket and serves
+    assert_serving(str(tmp_path / "d.sock"))
+    stop_daemon(proc)
+    assert not (tmp_path / "d.sock").exists() and not (tmp_path / "d.sock.lock").exists()
+
+
+def test_a_daemon_whose_log_reader_went_away_still_resumes_and_cleans_up_at_sigterm(tmp_path):
+    """Its stderr a pipe nobody reads any more: the shutdown's log line must not skip the shutdown
+    (it raised BrokenPipeError before resuming anything or removing the socket)."""
+    proc = start_daemon(tmp_path)
+    proc.stderr.close()                        # the reader of its log goes away
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=READ_TIMEOUT_S) == 0
+    assert not (tmp_path / "d.sock").exists() and not (tmp_path / "d.sock.lock").exists()
+
+
 def test_default_socket_lives_in_a_private_directory(tmp_path):
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)

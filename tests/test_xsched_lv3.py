@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from kfdtool.cwsr import ptrace
 from kfdtool.cwsr.debugtrap import PreparedCall
 from kfdtool.cwsr.holds import suspended_by
 from kfdtool.ioctls.constants import kfd_dbg_runtime_state
+from kfdtool.sim import runner
 from kfdtool.sysfs import SysfsRoot
 from simhelpers import start
 from xsched_lv3.board import Board
@@ -33,12 +35,12 @@ def wait_for(predicate, what, timeout=5.0, why=None):
         time.sleep(0.005)
 
 
-def spawn_workers(*roles, env=None, linger=False):
-    """Simulated GPU processes on mi308x's first GPU, 2 queues each, ready when returned; with
+def spawn_workers(*roles, env=None, linger=False, machine="mi308x"):
+    """Simulated GPU processes on the machine's first GPU, 2 queues each, ready when returned; with
     `linger` they outlive their simulator (the pid stays on the board)."""
     workers = []
     for role in roles:
-        args = ["--sim", "mi308x", "--role", role, "--queues", "2", "--waves", "200"]
+        args = ["--sim", machine, "--role", role, "--queues", "2", "--waves", "200"]
         cmd = ([sys.executable, "-c", f"import kfdtool.sim.workload as w, time; w.main({args!r}); time.sleep(600)"]
                if linger else [sys.executable, "-m", "kfdtool.sim.workload", *args])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
@@ -48,19 +50,24 @@ def spawn_workers(*roles, env=None, linger=False):
 
 
 @pytest.fixture
-def setup(sim_dir, tmp_path, monkeypatch):
-    """A running simulated mi308x, two GPU processes on its first GPU, a daemon with Lv3."""
-    sim = start("mi308x")
+def setup(sim_dir, tmp_path, monkeypatch, request):
+    """A running simulated mi308x (or the (machine, ABI) a test names), two GPU processes on its
+    first GPU, a daemon with Lv3."""
+    machine, abi = getattr(request, "param", ("mi308x", "1.23"))
+    if abi != "1.23":
+        runner.stop(machine)                  # a kernel of another profile: started for this test alone
+        request.addfinalizer(lambda: runner.stop(machine))
+    sim = start(machine, abi)
     env = dict(os.environ, XSCHED_LV3_BOARD=str(tmp_path / "board"), XSCHED_LV3_SOCKET=str(tmp_path / "d.sock"),
                KFDTOOL_RUN_DIR=str(tmp_path / "run"))
     for key in ("XSCHED_LV3_BOARD", "XSCHED_LV3_SOCKET", "KFDTOOL_RUN_DIR"):
         monkeypatch.setenv(key, env[key])
-    workers = spawn_workers("hp-serve", "lp-train", env=env)
+    workers = spawn_workers("hp-serve", "lp-train", env=env, machine=machine)
     board = Board()
-    daemon = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", "mi308x"], env=env,
+    daemon = subprocess.Popen([sys.executable, "-m", "xsched_lv3", "daemon", "--sim", machine], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready, _, _ = select.select([daemon.stdout], [], [], 20)
-    assert ready and "Lv3 through simulated mi308x" in daemon.stdout.readline()
+    assert ready and f"Lv3 through simulated {machine}" in daemon.stdout.readline()
     ctx = Setup(sim, board, daemon, workers, str(tmp_path / "d.sock"))
     yield ctx
     for proc in workers + [daemon]:
@@ -147,6 +154,24 @@ def test_lv3_suspends_the_lower_client_while_the_higher_one_is_active(setup):
     for _ in range(3):                                # every request of the HP: suspend, then resume
         s.one_request(hp)
     assert s.status(s.lp)["suspends"] == 4
+
+
+@pytest.mark.parametrize("setup", [("mi210", "1.17")], indirect=True)
+def test_lv3_on_a_kernel_before_7_2_makes_each_call_as_the_ptrace_parent(setup):
+    """Linux 6.12's kfd_ioctl_set_debug_trap admits only the target's ptrace parent for every op
+    but DISABLE: the daemon still preempts, each call in a ptrace window, and leaves the LP untraced."""
+    s = setup
+    hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+    wait_for(lambda: s.board.read_slot(lp).level == 3, "the daemon to take the LP to Lv3",
+             why=lambda: s.status(s.lp)["why"])
+    assert "each call is made as it" in s.status(s.lp)["why"]
+    for _ in range(3):
+        s.one_request(hp)
+    assert s.status(s.lp)["suspends"] == 3
+    assert ptrace.tracer_of(s.lp.pid) in (0, None)
+    s.daemon.send_signal(signal.SIGTERM)
+    assert s.daemon.wait(timeout=20) == 0
+    assert s.lp_running() and ptrace.tracer_of(s.lp.pid) in (0, None)
 
 
 def test_daemon_killed_with_sigkill_leaves_nothing_suspended(setup):
@@ -363,10 +388,10 @@ def test_a_client_whose_runtime_turns_off_is_answered_and_given_back_to_its_gate
     engine.close()
 
 
-def test_a_kernel_that_admits_only_the_ptrace_parent_leaves_clients_at_lv1_for_good(fake_engine, monkeypatch):
-    """Kernels without Linux 7.2's debugger_process clause answer the daemon's calls after its short
-    ptrace window with EPERM: seen at attach (the queue snapshot), the client stays at Lv1 with
-    that reason, once, instead of flapping between Lv3 and failed suspends."""
+def test_a_kernel_that_refuses_even_the_ptrace_parent_leaves_clients_at_lv1_for_good(fake_engine, monkeypatch):
+    """The mechanism makes an op refused with EPERM again as the target's ptrace parent (kernels
+    before 7.2 admit only it); one refused even so, seen at attach (the queue snapshot), leaves the
+    client at Lv1 with that reason, once, instead of flapping between Lv3 and failed suspends."""
     from kfdtool import errors
     board, make_engine, hp_proc, lp_proc = fake_engine
 

@@ -120,7 +120,7 @@ class SingleInstance:
             os.close(fd)                   # removed by the daemon that held it: the name's new file
         self.fd = fd
         self.previous_socket = self._read(fd).get("socket")    # [st_dev, st_ino] a crashed daemon bound
-        self.record(None)
+        self.record(self.previous_socket)  # kept until we bind: a start refused later leaves it to the next
 
     def _open(self):
         try:
@@ -149,9 +149,10 @@ class SingleInstance:
         os.pwrite(self.fd, json.dumps({"pid": os.getpid(), "socket": bound}).encode(), 0)
 
     def release(self):
-        """Let go, removing the lock file first (nothing is left to recover: our socket is gone, or
-        was never bound)."""
-        if self._names(self.fd):
+        """Let go, removing the lock file first where it records no socket left to recover (ours is
+        gone; a crashed daemon's, which a start that was refused never got to replace, stays
+        recorded for the next one)."""
+        if self._names(self.fd) and self._read(self.fd).get("socket") is None:
             os.unlink(self.path)
         os.close(self.fd)                  # drops the flock
 
@@ -308,6 +309,8 @@ class Daemon(ConnectionLoop):
         if self.listener:
             self.listener.close()
         _unlink_if_ours(self.socket_path, self.bound)
+        if self.bound is not None:         # ours was bound, and is gone now: nothing to recover
+            self.lock.record(None)
         self.lock.release()
         self.board_lock.release()
 

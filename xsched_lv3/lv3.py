@@ -6,7 +6,8 @@ for any framework, HIP graphs included. The high-priority client waits only for 
 the lower clients' in-flight work to drain (what Lv1 must wait for).
 
 The daemon takes the debugger role on a client (DBG_TRAP ENABLE inside a short PTRACE_SEIZE window,
-as `kfdtool preempt` does) once a higher-priority client shares its GPU and its GPU is in use (before
+as `kfdtool preempt` does; on kernels before Linux 7.2, which admit only the ptrace parent, every
+later call gets such a window too) once a higher-priority client shares its GPU and its GPU is in use (before
 that it has no KFD process). Its queues come from GET_QUEUE_SNAPSHOT, which also clears EC_QUEUE_NEW:
 taken before the first suspend and again after each resume (off the hot path), so a queue created
 later is suspended from the next time on (not while a higher client stays active throughout). Each client's level and the
@@ -423,20 +424,22 @@ class Lv3Engine:
             state = state.name.removeprefix("DEBUG_RUNTIME_STATE_").lower()
             return self._stay_lv1(c, f"Lv1: its GPU runtime is not on ({state})", final=False, now=now)
         try:
-            # its queue list now, not on the first suspend's path; and the proof that this kernel lets
-            # the process that did ENABLE call it once it is no longer the ptrace parent (Linux 7.2's
-            # kfd_ioctl_set_debug_trap admits target->debugger_process; kernels without that clause
-            # answer every op but DISABLE with EPERM, and we keep no ptrace attachment)
+            # its queue list now, not on the first suspend's path; and where the kernel lets only the
+            # target's ptrace parent make an op (before Linux 7.2, whose kfd_ioctl_set_debug_trap also
+            # admits target->debugger_process), the mechanism learns it here and makes every op in a
+            # ptrace window of its own from then on
             c.mech.queues()
         except SimulatorError as e:
             return self._kfd_gone(c, e, now)
         except PermissionDenied:
             self._release(c)
-            return self._stay_lv1(c, "Lv1: this kernel lets only the ptrace parent use the debugger API on another "
-                                     "process (the daemon keeps no ptrace attachment)")
+            return self._stay_lv1(c, "Lv1: the kernel refused the debugger API to the daemon even as the "
+                                     "process's ptrace parent")
         except Error as e:
             self._release(c)
             return self._stay_lv1(c, f"Lv1: queue snapshot failed ({e})", final=False, now=now)
+        if getattr(c.mech, "ptrace_each_call", False):
+            why += "; this kernel admits only the ptrace parent, so each call is made as it"
         c.level, c.why = LV3, why
         if self.board.read_slot(c.slot).pid == c.pid:
             self.board.write(c.slot, level=LV3)      # announced: its gate stops gating

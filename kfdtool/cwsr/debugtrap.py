@@ -1,5 +1,6 @@
 """Queue suspend/resume through the KFD debugger API (DBG_TRAP, KFD ABI >= 1.13), on the calling
-process itself or on another process (attached with PTRACE_SEIZE just for ENABLE).
+process itself or on another process (attached with PTRACE_SEIZE for ENABLE, and, on kernels
+before Linux 7.2, which admit only the ptrace parent, for every op: see DebugTrapSuspend._op).
 
 Semantics (kfd-abi.md §2b-§2c): SUSPEND_QUEUES preempts the whole device once under HWS (waves
 are CWSR-saved after the grace period), returns how many queues it suspended and per-queue status
@@ -11,9 +12,11 @@ import ctypes
 import errno
 import os
 import weakref
+from functools import partial
 
 from ..device import dbg_trap_args
-from ..errors import AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, NotSupported, ioctl_error
+from ..errors import (AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuchProcess, NotSupported,
+                      PermissionDenied, ioctl_error)
 from ..ioctls import constants as c
 from ..ioctls import structs as s
 from . import ptrace
@@ -49,11 +52,14 @@ def check_grace_period(grace_period):
 
 
 def _queue_array(qids):
-    """The ioctl's queue array (u32 ids, which the kernel writes each queue's status into). An id
-    that does not fit would wrap into another queue's: refused."""
-    bad = [q for q in qids if not isinstance(q, int) or not 0 <= q <= 0xFFFFFFFF]
+    """The ioctl's queue array (u32 ids, which the kernel writes each queue's status into). The
+    kernel gives a process ids below KFD_MAX_NUM_OF_QUEUES_PER_PROCESS, and reads an id with its
+    status bits masked off (bit 31 set names queue 0): a larger id would name another queue, so it
+    is refused."""
+    bad = [q for q in qids if not isinstance(q, int) or not 0 <= q < c.KFD_MAX_NUM_OF_QUEUES_PER_PROCESS]
     if bad:
-        raise ValueError(f"queue ids must be integers in 0..{0xFFFFFFFF}, got {bad[0]!r}")
+        raise ValueError(f"queue ids must be integers in 0..{c.KFD_MAX_NUM_OF_QUEUES_PER_PROCESS - 1}, "
+                         f"got {bad[0]!r}")
     return (ctypes.c_uint32 * len(qids))(*qids)
 
 
@@ -61,19 +67,30 @@ class PreparedCall:
     """One SUSPEND_QUEUES or RESUME_QUEUES of a target, prepared and not yet made, so that those of
     several targets can be made back to back (`make_back_to_back`). `arg` is None where there is
     nothing to call. `done()` reads what the kernel wrote and returns the MechanismResult (it may
-    make a call of its own: a retry); it holds what the argument points into, so that stays alive."""
+    make a call of its own: a retry); it holds what the argument points into, so that stays alive.
+    `mech`: the DebugTrapSuspend it is for, which knows whether the kernel wants its debugger to be
+    the target's ptrace parent for the call."""
 
-    def __init__(self, arg, done):
-        self.arg, self.done = arg, done
+    def __init__(self, arg, done, mech=None):
+        self.arg, self.done, self.mech = arg, done, mech
 
     @classmethod
     def nothing(cls, result):
         return cls(None, lambda: result)
 
+    @property
+    def alone(self):
+        """Made by itself, inside a ptrace window (see DebugTrapSuspend._op), not in a batch."""
+        return self.arg is not None and self.mech is not None and self.mech.ptrace_each_call
+
     def make(self, kfd):
         """Made by itself: its MechanismResult, or the call's error raised."""
         if self.arg is not None:
-            kfd.ioctl("DBG_TRAP", self.arg)
+            call = partial(kfd.ioctl, "DBG_TRAP", self.arg)
+            if self.mech is not None:
+                self.mech._op(call)
+            else:
+                call()
         return self.done()
 
 
@@ -81,18 +98,26 @@ def make_back_to_back(kfd, calls):
     """Make `calls` (PreparedCalls of mechanisms on `kfd`, one per target) one after another, as a
     loop does: the kernel makes each SUSPEND/RESUME_QUEUES wait for the one before anyway (it holds
     the device queue manager's lock through the remap), and a simulated KFD takes them all in one
-    round trip. Returns [MechanismResult or Error] in order: one target's error does not stop
-    the others, and an error of the device itself (a simulated KFD that went away) is every
-    call's answer."""
-    made = [call.arg for call in calls if call.arg is not None]
+    round trip. A call whose kernel wants the caller to be the target's ptrace parent is made alone
+    (its window cannot ride in a batch), and so is one that learns it here (EPERM answered to the
+    batch). Returns [MechanismResult or Error] in order: one target's error does not stop the
+    others, and an error of the device itself (a simulated KFD that went away) is every call's
+    answer."""
+    made = [call.arg for call in calls if call.arg is not None and not call.alone]
     try:
         answers = iter(kfd.ioctls([("DBG_TRAP", arg) for arg in made]) if made else [])
     except Error as e:
         answers = iter([e] * len(made))
     results = []
     for call in calls:
-        answer = next(answers) if call.arg is not None else None
         try:
+            if call.alone:
+                results.append(call.make(kfd))
+                continue
+            answer = next(answers) if call.arg is not None else None
+            if isinstance(answer, PermissionDenied) and call.mech is not None:
+                call.mech._op_attached(partial(kfd.ioctl, "DBG_TRAP", call.arg))   # raises if still refused
+                answer = None
             results.append(answer if isinstance(answer, Error) else call.done())
         except Error as e:
             results.append(e)
@@ -105,6 +130,10 @@ class DebugTrapSuspend(Mechanism):
     def __init__(self, kfd, pid, enable=True, read_wave_state=True):
         super().__init__()
         self.kfd, self.pid = kfd, pid
+        # Kernels before 7.2 admit only the target's ptrace parent for every op but DISABLE, whoever
+        # did ENABLE (kfd_chardev.c: kfd_ioctl_set_debug_trap, "not PTRACED"); 7.2 also admits the
+        # process that did. Learned from the kernel's first EPERM that a ptrace window cures (_op).
+        self.ptrace_each_call = False
         self.read_wave_state = read_wave_state
         self._entries = {}                 # last snapshot: qid -> kfd_queue_snapshot_entry
         self._mes_gpus = None              # gpu_ids whose scheduler is MES, asked of the kernel once
@@ -115,6 +144,33 @@ class DebugTrapSuspend(Mechanism):
             raise NotSupported("DBG_TRAP", errno.ENOTTY, f"KFD ABI {kfd.abi} predates the debugger API (1.13)")
         if enable:
             self._enable()
+
+    # --- every op on the target -------------------------------------------------------------------
+    def _op(self, call):
+        """Make one DBG_TRAP op on the target (`call()`), inside a ptrace window where the kernel
+        wants one. One that answers EPERM is made again as the target's ptrace parent (PTRACE_SEIZE,
+        the op, detach: the target's main thread stops for the detach alone); if that is admitted,
+        every later op goes that way. EPERM for another reason (the target's runtime is off, for a
+        queue op) is EPERM again, and raised."""
+        if self.ptrace_each_call:
+            with _attached(self.pid):
+                return call()
+        try:
+            return call()
+        except PermissionDenied:
+            if self.pid == os.getpid():
+                raise
+        return self._op_attached(call)
+
+    def _op_attached(self, call):
+        """`call()` as the target's ptrace parent, after the kernel refused it to us without."""
+        with _attached(self.pid):
+            answer = call()
+        self.ptrace_each_call = True
+        return answer
+
+    def _dbg(self, op, *args, **fields):
+        return self._op(partial(self.kfd.dbg_trap, op, self.pid, *args, **fields))
 
     # --- attach ---------------------------------------------------------------------------------
     def _enable(self):
@@ -165,15 +221,14 @@ class DebugTrapSuspend(Mechanism):
         except BlockingIOError:
             pass
         try:
-            _, args = self.kfd.dbg_trap("QUERY_DEBUG_EVENT", self.pid, "query_debug_event",
-                                        exception_mask=RUNTIME_MASK)
+            _, args = self._dbg("QUERY_DEBUG_EVENT", "query_debug_event", exception_mask=RUNTIME_MASK)
         except KfdIoctlError as e:
             if e.errno == errno.EAGAIN:                # nothing pending
                 return False
             raise
         if not args.query_debug_event.exception_mask & RUNTIME_MASK:
             return False
-        self.kfd.dbg_trap("SEND_RUNTIME_EVENT", self.pid, "send_runtime_event", exception_mask=RUNTIME_MASK)
+        self._dbg("SEND_RUNTIME_EVENT", "send_runtime_event", exception_mask=RUNTIME_MASK)
         return True
 
     # --- queues ---------------------------------------------------------------------------------
@@ -187,8 +242,8 @@ class DebugTrapSuspend(Mechanism):
         count = len(self._entries) + SNAPSHOT_SPARE
         while True:
             buf = (s.kfd_queue_snapshot_entry * count)()
-            _, args = self.kfd.dbg_trap("GET_QUEUE_SNAPSHOT", self.pid, "queue_snapshot", exception_mask=mask,
-                                        snapshot_buf_ptr=ctypes.addressof(buf), num_queues=count, entry_size=ENTRY)
+            _, args = self._dbg("GET_QUEUE_SNAPSHOT", "queue_snapshot", exception_mask=mask,
+                                snapshot_buf_ptr=ctypes.addressof(buf), num_queues=count, entry_size=ENTRY)
             if args.queue_snapshot.num_queues <= count:      # every queue fitted
                 entries = list(buf[:args.queue_snapshot.num_queues])
                 self._entries = {e.queue_id: e for e in entries}
@@ -224,9 +279,9 @@ class DebugTrapSuspend(Mechanism):
         if self._mes_gpus is None:
             layout = self.kfd.abi.layout("kfd_dbg_device_info_entry")
             buf = (layout * DEVICE_ENTRIES)()
-            _, args = self.kfd.dbg_trap("GET_DEVICE_SNAPSHOT", self.pid, "device_snapshot", exception_mask=0,
-                                        snapshot_buf_ptr=ctypes.addressof(buf), num_devices=DEVICE_ENTRIES,
-                                        entry_size=ctypes.sizeof(layout))
+            _, args = self._dbg("GET_DEVICE_SNAPSHOT", "device_snapshot", exception_mask=0,
+                                snapshot_buf_ptr=ctypes.addressof(buf), num_devices=DEVICE_ENTRIES,
+                                entry_size=ctypes.sizeof(layout))
             count = min(args.device_snapshot.num_devices, DEVICE_ENTRIES)
             self._mes_gpus = {d.gpu_id for d in buf[:count] if d.gfx_target_version >= FIRST_MES_GFX}
         return self._mes_gpus
@@ -250,7 +305,7 @@ class DebugTrapSuspend(Mechanism):
             notes.append(MES_IGNORES_GRACE)
         before = set(self._held)
         arr, arg = self._suspend_args(qids, grace)
-        return PreparedCall(arg, lambda: self._suspended(qids, list(arr), entries, before, notes, grace))
+        return PreparedCall(arg, lambda: self._suspended(qids, list(arr), entries, before, notes, grace), self)
 
     def _suspended(self, qids, arr, entries, before, notes, grace):
         if any(st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries for q, st in zip(qids, arr)):
@@ -258,7 +313,7 @@ class DebugTrapSuspend(Mechanism):
             entries = self._entries
             retry = [q for q, st in zip(qids, arr) if st & c.KFD_DBG_QUEUE_INVALID_MASK and q in entries]
             again, arg = self._suspend_args(retry, grace)
-            self.kfd.ioctl("DBG_TRAP", arg)
+            self._op(partial(self.kfd.ioctl, "DBG_TRAP", arg))
             for q, st in zip(retry, again):
                 arr[qids.index(q)] = st
         outcomes = []
@@ -310,7 +365,7 @@ class DebugTrapSuspend(Mechanism):
         arr = _queue_array(qids)
         arg = dbg_trap_args("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=ctypes.addressof(arr),
                             num_queues=len(qids))
-        return PreparedCall(arg, lambda: self._resumed(qids, arr))
+        return PreparedCall(arg, lambda: self._resumed(qids, arr), self)
 
     def _resumed(self, qids, arr):
         outcomes = []
@@ -327,7 +382,7 @@ class DebugTrapSuspend(Mechanism):
 
     def resume_all(self):
         """RESUME_QUEUES with a NULL array: every queue of the target. Returns the count."""
-        ret, _ = self.kfd.dbg_trap("RESUME_QUEUES", self.pid, "resume_queues", queue_array_ptr=0, num_queues=0)
+        ret, _ = self._dbg("RESUME_QUEUES", "resume_queues", queue_array_ptr=0, num_queues=0)
         self._held.clear()
         return ret
 

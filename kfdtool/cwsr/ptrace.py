@@ -1,6 +1,8 @@
 """PTRACE_SEIZE / detach without stopping the target: the KFD debugger API lets a process debug
-another only if it is the target's ptrace parent when it calls DBG_TRAP ENABLE (kfd_chardev.c
-:3162-3168); after ENABLE it is the registered debugger and may detach."""
+another only if it is the target's ptrace parent when it calls DBG_TRAP ENABLE (kfd_chardev.c:
+kfd_ioctl_set_debug_trap). On Linux 7.2 the process that did ENABLE may make every later op
+without it, and detaches; before 7.2 every op but DISABLE needs the ptrace parent again, so the
+debugger seizes the target around each op (cwsr.debugtrap.DebugTrapSuspend._op)."""
 import ctypes
 import errno
 import os

@@ -68,10 +68,15 @@ class DbgTrap:
             target = kfd.create_process(a.pid)    # ENABLE by the ptrace parent creates the kfd_process
         if target is None:
             raise SimErrno(errno.ESRCH)
-        # kfd_ioctl_set_debug_trap: self, the ptrace parent, or the debugger that did ENABLE. The
-        # three are pure tests, so the one that reads /proc (~0.1 ms here) goes last: a debugger's
-        # every SUSPEND/RESUME pays it otherwise
-        if not (target is caller or target.debugger is caller or ptrace_parent(target.pid) == caller.pid):
+        # kfd_ioctl_set_debug_trap: self, the ptrace parent, or (7.2) the debugger that did ENABLE;
+        # before 7.2 any process may DISABLE, and every other op needs the ptrace parent ("not
+        # PTRACED"). The pure tests go first: the one that reads /proc (~0.1 ms here) would cost a
+        # debugger's every SUSPEND/RESUME otherwise
+        if kfd.profile.debugger_keeps_the_role:
+            allowed = target is caller or target.debugger is caller
+        else:
+            allowed = target is caller or a.op == OPS.KFD_IOC_DBG_TRAP_DISABLE
+        if not (allowed or ptrace_parent(target.pid) == caller.pid):
             raise SimErrno(errno.EPERM)
         op = a.op
         if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:

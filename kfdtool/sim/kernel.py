@@ -347,6 +347,13 @@ class SimKfd:
         self.find_bo(proc, a.ring_base_address, page_align(a.ring_size + meta), "ring")
         self.find_bo(proc, a.read_pointer_address, 4096, "rptr")
         self.find_bo(proc, a.write_pointer_address, 4096, "wptr")
+        if is_compute and a.eop_buffer_address:
+            # kfd_queue.c: kfd_queue_acquire_buffers: an EOP buffer, where one is given (AQL queues
+            # on gfx9.4.x need none), is at least the node's size and one mapping of that, in pages
+            eop_size = dev.cwsr.eop_buffer_size if dev.cwsr else 4096
+            if a.eop_buffer_size < eop_size:
+                raise SimErrno(errno.EINVAL, f"eop_buffer_size {a.eop_buffer_size} below the node's {eop_size}")
+            self.find_bo(proc, a.eop_buffer_address, page_align(a.eop_buffer_size), "eop buffer")
         if is_compute and dev.cwsr_enabled:
             if a.ctl_stack_size != dev.cwsr.ctl_stack_size:
                 raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
@@ -391,6 +398,10 @@ class SimKfd:
 
     def destroy_queue(self, proc, a, mem, uid):
         q = self.find_queue(proc, a.queue_id, errno.EINVAL)
+        # kfd_process_queue_manager.c: pqm_destroy_queue removes the queue's procfs entry before
+        # dqm's destroy_queue, which may sleep on a suspended queue (or refuse a second destroy):
+        # the entry is gone while the queue still exists
+        self.sysfs.remove_queue(proc.pid, q.qid)
         if q.is_suspended and proc.debug_trap_enabled:
             if q.being_destroyed:
                 raise SimErrno(errno.EBUSY)

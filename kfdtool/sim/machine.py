@@ -15,7 +15,6 @@ import zlib
 from collections import namedtuple
 from pathlib import Path
 
-from ..ioctls.constants import KFD_MAX_NUM_OF_QUEUES_PER_PROCESS
 from . import ABIS
 from .nodes import parse_properties
 
@@ -37,14 +36,19 @@ PRESETS = {p.name: p for p in (
 
 
 class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cwsr_sizes pasid_is_zero has_diq "
-                                                "smi_process_events smi_all_process_bit_checked")):
+                                                "smi_process_events smi_all_process_bit_checked "
+                                                "debugger_keeps_the_role")):
     """What a simulated kernel looks like from user space, per KFD ABI version:
     publishes_cwsr_sizes: node_show prints cwsr_size / ctl_stack_size (kfd_topology.c; upstream
         "drm/amdkfd: Export the cwsr_size and ctl_stack_size to userspace", in stable 6.12.y);
     pasid_is_zero: proc/<pid>/pasid prints 0 (7.2);
     has_diq: sysfs queue type numbering keeps DIQ = 3 (6.12 and older);
     smi_process_events: PROCESS_START / PROCESS_END exist;
-    smi_all_process_bit_checked: 6.12 needs ALL_PROCESS in the mask to see other pids."""
+    smi_all_process_bit_checked: 6.12 needs ALL_PROCESS in the mask to see other pids;
+    debugger_keeps_the_role: kfd_ioctl_set_debug_trap lets the process that did ENABLE make every
+        op on its target without being the target's ptrace parent any more (7.2). Before, every op
+        but DISABLE needed the caller to be the target itself or its ptrace parent at the time of
+        the call ("PID %i is not PTRACED and cannot be debugged", -EPERM): 6.1 and 6.12."""
     __slots__ = ()
 
     @property
@@ -55,9 +59,9 @@ class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cws
 
 
 PROFILES = {
-    "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True),
-    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", True, False, True, False, True),
-    "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False),
+    "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True, False),
+    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", True, False, True, False, True, False),
+    "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False, True),
 }
 
 assert tuple(PROFILES) == ABIS
@@ -72,32 +76,69 @@ DEFAULT_PARAMETERS = {          # amdgpu module parameters (kfd-abi.md §6.1) at
 
 
 # kfd_module.c: kfd_init refuses to load KFD (no /dev/kfd at all) with these outside their range
-KFD_MAX_NUM_OF_PROCESSES = 512                                          # kfd_priv.h
+# (KFD_MAX_NUM_OF_PROCESSES x KFD_MAX_NUM_OF_QUEUES_PER_PROCESS, kfd_priv.h: 512 x 1024; spelled out
+# here: a module of the built tree imports nothing from outside the simulator, see TREE_CODE)
+KFD_MAX_NUM_OF_QUEUES_PER_DEVICE = 512 * 1024
 PARAMETER_RANGES = {"sched_policy": (0, 2),     # KFD_SCHED_POLICY_HWS .. KFD_SCHED_POLICY_NO_HWS
-                    "max_num_of_queues_per_device": (1, KFD_MAX_NUM_OF_PROCESSES * KFD_MAX_NUM_OF_QUEUES_PER_PROCESS)}
+                    "max_num_of_queues_per_device": (1, KFD_MAX_NUM_OF_QUEUES_PER_DEVICE)}
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1        # module_param(..., int): kstrtoint, else -ERANGE
 
 
 def parse_parameter(name, value):
-    """An amdgpu module parameter as the kernel would take it at load: (name, value), or ValueError
-    with the reason. Integers must fit an int; bools (kstrtobool) read back as Y or N."""
+    """An amdgpu module parameter as the kernel takes it at load: (name, value), or ValueError with
+    the reason. An int is read by kstrtoint(s, 0) and a bool by kstrtobool (lib/kstrtox.c, through
+    param_set_int / param_set_bool), so the same texts are accepted; a bool reads back as Y or N."""
     if name not in DEFAULT_PARAMETERS:
         raise ValueError(f"unknown amdgpu parameter {name!r}; choose one of: {', '.join(DEFAULT_PARAMETERS)}")
-    text = str(value).strip()
+    text = str(value)
     if isinstance(DEFAULT_PARAMETERS[name], str):                      # a bool parameter
-        if text[:1] in ("Y", "y", "1") or text.lower() in ("on", "true"):
-            return name, "Y"
-        if text[:1] in ("N", "n", "0") or text.lower() in ("off", "false"):
-            return name, "N"
-        raise ValueError(f"{name} wants Y or N, got {text!r}")
-    if isinstance(value, bool) or not text.isascii() or not text.lstrip("+-").isdigit():
-        raise ValueError(f"{name} wants an integer, got {text!r}")
-    number = int(text)
+        truth = _kstrtobool(text)
+        if truth is None:
+            raise ValueError(f"{name} wants a boolean (y/n, 1/0, on/off, true/false), got {text!r}")
+        return name, "Y" if truth else "N"
+    number = None if isinstance(value, bool) else _kstrtoint(text)
+    if number is None:
+        raise ValueError(f"{name} wants an integer (decimal, 0x hex or 0 octal), got {text!r}")
     low, high = PARAMETER_RANGES.get(name, (INT_MIN, INT_MAX))
     if not low <= number <= high:
         raise ValueError(f"{name} must be in {low}..{high} (the kernel would not load KFD), got {number}"
                          if name in PARAMETER_RANGES else f"{name} must fit an int, got {number}")
     return name, number
+
+
+def _kstrtoint(text):
+    """kstrtoint(s, 0): an optional sign, then 0x/0X hex, a leading 0 octal, or decimal digits, and
+    at most one newline after them; nothing else (no spaces). None if refused; range not checked."""
+    body = text[:-1] if text.endswith("\n") else text
+    sign = -1 if body[:1] == "-" else 1
+    if body[:1] in ("+", "-"):
+        body = body[1:]
+    if body[:2] in ("0x", "0X"):
+        digits, base = body[2:], 16
+    elif body[:1] == "0" and len(body) > 1:
+        digits, base = body[1:], 8
+    else:
+        digits, base = body, 10
+    allowed = "0123456789abcdefABCDEF"[:base + (6 if base == 16 else 0)]
+    if not digits or any(ch not in allowed for ch in digits):
+        return None
+    return sign * int(digits, base)
+
+
+def _kstrtobool(text):
+    """kstrtobool: the first character decides (e/y/t/1 true, d/n/f/0 false), and for o/O the
+    second (n on, f off); None if refused."""
+    first, second = text[:1], text[1:2]
+    if first and first in "eEyYtT1":
+        return True
+    if first and first in "dDnNfF0":
+        return False
+    if first and first in "oO" and second:
+        if second in "nN":
+            return True
+        if second in "fF":
+            return False
+    return None
 
 
 def find_preset(name):
