@@ -520,7 +520,8 @@ def availability(kfd_abi_minor, sched_policy, gfx_versions, target_pid=None):
                                                      f"ENABLE would fail with EALREADY-like conflicts", notes)
         if os.geteuid() != 0 and _owner(target_pid) != os.geteuid():
             return Availability("debug-trap", False, ptrace.why_denied(target_pid), notes)
-        why = "available: attaches with PTRACE_SEIZE for ENABLE (the target must have runtime-enabled: ROCr does)"
+        why = ("available: attaches with PTRACE_SEIZE for ENABLE, and for every op on kernels before Linux 7.2 "
+               "(they admit only the ptrace parent); the target must have runtime-enabled: ROCr does")
     return Availability("debug-trap", True, why, notes)
 
 
