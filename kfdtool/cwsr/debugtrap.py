@@ -116,7 +116,7 @@ def make_back_to_back(kfd, calls):
                 continue
             answer = next(answers) if call.arg is not None else None
             if isinstance(answer, PermissionDenied) and call.mech is not None:
-                call.mech._op_attached(partial(kfd.ioctl, "DBG_TRAP", call.arg))   # raises if still refused
+                call.mech._op_attached(partial(kfd.ioctl, "DBG_TRAP", call.arg), answer)   # raises if still refused
                 answer = None
             results.append(answer if isinstance(answer, Error) else call.done())
         except Error as e:
@@ -157,15 +157,20 @@ class DebugTrapSuspend(Mechanism):
                 return call()
         try:
             return call()
-        except PermissionDenied:
+        except PermissionDenied as refused:
             if self.pid == os.getpid():
                 raise
-        return self._op_attached(call)
+            return self._op_attached(call, refused)
 
-    def _op_attached(self, call):
-        """`call()` as the target's ptrace parent, after the kernel refused it to us without."""
-        with _attached(self.pid):
-            answer = call()
+    def _op_attached(self, call, refused):
+        """`call()` as the target's ptrace parent, after the kernel `refused` it to us without. If
+        we cannot become that (another tracer holds it: a debugger that took over), the kernel's
+        refusal is what the caller gets, as before the window was tried."""
+        try:
+            with _attached(self.pid):
+                answer = call()
+        except AttachDenied:
+            raise refused from None
         self.ptrace_each_call = True
         return answer
 
