@@ -394,6 +394,43 @@ def test_before_7_2_we_suspend_and_resume_through_a_ptrace_window_for_each_op(ol
         os.kill(pid, signal.SIGKILL)
 
 
+HOLDER = """
+import sys
+from kfdtool.cwsr import ptrace
+pid = int(sys.argv[1])
+ptrace.seize(pid)                                   # a debugger (rocgdb) attached, keeping the target
+print("attached", flush=True)
+sys.stdin.readline()
+ptrace.detach(pid)
+"""
+
+
+def test_before_7_2_a_window_another_tracer_denies_leaves_the_kernels_eperm(old_rule_sim):
+    """The window cannot be had while another debugger traces the target: the caller gets the
+    kernel's refusal (PermissionDenied), as a caller that knows nothing of windows expects; once
+    that tracer lets go, the same mechanism works and resumes everything."""
+    pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=2, waves=100)
+    kfd = KfdDevice(old_rule_sim.open_kfd())
+    holder = None
+    try:
+        mech = DebugTrapSuspend(kfd, pid)
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pid)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "attached"
+        with pytest.raises(errors.PermissionDenied):
+            mech.suspend([0])
+        holder.communicate("\n", timeout=10)
+        holder = None
+        assert [o.outcome for o in mech.suspend([0]).outcomes] == ["suspended"]
+        mech.close()
+        assert all(q["active"] and q["debugger"] is None for q in states(old_rule_sim, pid).values())
+    finally:
+        if holder is not None:
+            holder.communicate("\n", timeout=10)
+        kfd.close()
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_on_7_2_the_debugger_needs_no_ptrace_window_after_enable(sim, victim):
     kfd = KfdDevice(sim.open_kfd())
     try:
