@@ -11,6 +11,7 @@ kernel runs DISABLE for us if this process dies, kill -9 included.
 import ctypes
 import errno
 import os
+import threading
 import weakref
 from functools import partial
 
@@ -19,6 +20,7 @@ from ..errors import (AlreadyDebugged, AttachDenied, Error, KfdIoctlError, NoSuc
                       PermissionDenied, ioctl_error)
 from ..ioctls import constants as c
 from ..ioctls import structs as s
+from ..pids import process_state
 from . import ptrace
 from .holds import debugger_of
 from .mechanisms import Availability, Mechanism, MechanismResult, QueueOutcome
@@ -153,8 +155,7 @@ class DebugTrapSuspend(Mechanism):
         every later op goes that way. EPERM for another reason (the target's runtime is off, for a
         queue op) is EPERM again, and raised."""
         if self.ptrace_each_call:
-            with _attached(self.pid):
-                return call()
+            return self._in_window(call)
         try:
             return call()
         except PermissionDenied as refused:
@@ -163,16 +164,25 @@ class DebugTrapSuspend(Mechanism):
             return self._op_attached(call, refused)
 
     def _op_attached(self, call, refused):
-        """`call()` as the target's ptrace parent, after the kernel `refused` it to us without. If
-        we cannot become that (another tracer holds it: a debugger that took over), the kernel's
-        refusal is what the caller gets, as before the window was tried."""
-        try:
-            with _attached(self.pid):
-                answer = call()
-        except AttachDenied:
-            raise refused from None
+        """`call()` as the target's ptrace parent, after the kernel `refused` it to us without; if
+        that is admitted, every later op goes that way."""
+        answer = self._in_window(call, refused)
         self.ptrace_each_call = True
         return answer
+
+    def _in_window(self, call, refused=None):
+        """`call()` inside a ptrace window. Where there can be none, the caller gets what the kernel
+        answers a caller that is not the ptrace parent: EPERM (`refused`, where it said so already)
+        if another tracer holds the target (a debugger that took over), ESRCH if it is gone."""
+        try:
+            with _attached(self.pid):
+                return call()
+        except AttachDenied:
+            if process_state(self.pid) in (None, "Z", "X"):     # exiting: no ptrace, and no kfd_process
+                raise ioctl_error("DBG_TRAP", errno.ESRCH) from None
+            raise (refused or ioctl_error("DBG_TRAP", errno.EPERM)) from None
+        except NoSuchProcess:
+            raise ioctl_error("DBG_TRAP", errno.ESRCH) from None
 
     def _dbg(self, op, *args, **fields):
         return self._op(partial(self.kfd.dbg_trap, op, self.pid, *args, **fields))
@@ -467,7 +477,8 @@ class _attached:
         self.seized = False
 
     def __enter__(self):
-        if self.pid != os.getpid() and ptrace.tracer_of(self.pid) != os.getpid():
+        # the tracer is a thread: the kernel admits the one that seized (ptrace_parent is a task)
+        if self.pid != os.getpid() and ptrace.tracer_of(self.pid) != threading.get_native_id():
             try:
                 ptrace.seize(self.pid)
             except ptrace.PtraceError as e:

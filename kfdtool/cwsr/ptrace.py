@@ -10,6 +10,7 @@ import os
 PTRACE_DETACH = 17
 PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
+PTRACE_EVENT_STOP = 128                # in waitpid's status >> 16: a stop of PTRACE_INTERRUPT (or a group stop)
 _WALL = 0x40000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -59,8 +60,8 @@ def why_denied(pid):
     return "attaching to another user's process needs root or CAP_SYS_PTRACE"
 
 
-def _call(request, pid):
-    if _libc.ptrace(request, pid, None, None) == -1:
+def _call(request, pid, data=0):
+    if _libc.ptrace(request, pid, None, data) == -1:
         err = ctypes.get_errno()
         raise PtraceError(err, os.strerror(err))
 
@@ -75,10 +76,16 @@ def seize(pid):
 
 
 def detach(pid):
-    """Stop the seized tracee briefly (PTRACE_INTERRUPT), wait for the stop, detach."""
+    """Stop the seized tracee briefly (PTRACE_INTERRUPT), wait for a stop, detach. A signal sent to
+    it while it was seized stops it on the way in (a signal-delivery stop, reported before the
+    interrupt's); detaching with no signal would drop it, so it is handed back with the detach and
+    the process receives it as if it had never been traced (SIGTERM ends it, SIGSTOP stops it)."""
     try:
         _call(PTRACE_INTERRUPT, pid)
-        os.waitpid(pid, _WALL)
-        _call(PTRACE_DETACH, pid)
+        _, status = os.waitpid(pid, _WALL)
+        if not os.WIFSTOPPED(status):
+            return                      # it exited meanwhile: nothing to detach from
+        handed_back = 0 if status >> 16 == PTRACE_EVENT_STOP else os.WSTOPSIG(status)
+        _call(PTRACE_DETACH, pid, handed_back)
     except (PtraceError, ChildProcessError):
         pass                            # target gone, or already detached
