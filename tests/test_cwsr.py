@@ -407,28 +407,32 @@ ptrace.detach(pid)
 """
 
 
+@contextlib.contextmanager
+def another_tracer(pid):
+    """Another debugger (rocgdb, say) attached to `pid` for the block."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pid)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "attached"
+        yield
+    finally:
+        holder.communicate("\n", timeout=10)
+
+
 def test_before_7_2_a_window_another_tracer_denies_leaves_the_kernels_eperm(old_rule_sim):
     """The window cannot be had while another debugger traces the target: the caller gets the
     kernel's refusal (PermissionDenied), as a caller that knows nothing of windows expects; once
     that tracer lets go, the same mechanism works and resumes everything."""
     pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=2, waves=100)
     kfd = KfdDevice(old_rule_sim.open_kfd())
-    holder = None
     try:
         mech = DebugTrapSuspend(kfd, pid)
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pid)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "attached"
-        with pytest.raises(errors.PermissionDenied):
+        with another_tracer(pid), pytest.raises(errors.PermissionDenied):
             mech.suspend([0])
-        holder.communicate("\n", timeout=10)
-        holder = None
         assert [o.outcome for o in mech.suspend([0]).outcomes] == ["suspended"]
         mech.close()
         assert all(q["active"] and q["debugger"] is None for q in states(old_rule_sim, pid).values())
     finally:
-        if holder is not None:
-            holder.communicate("\n", timeout=10)
         kfd.close()
         os.kill(pid, signal.SIGKILL)
 
@@ -501,18 +505,12 @@ def test_before_7_2_a_target_gone_or_taken_answers_as_the_kernel_would(old_rule_
     7.2), and one another debugger took over answers EPERM (not the window's AttachDenied)."""
     pid = spawn_workload(OLD_RULE_MACHINE, "victim", queues=2, waves=100)
     kfd = KfdDevice(old_rule_sim.open_kfd())
-    holder = None
     try:
         mech = DebugTrapSuspend(kfd, pid)
         mech.suspend([0])
         assert mech.ptrace_each_call
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pid)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "attached"
-        with pytest.raises(errors.PermissionDenied):
+        with another_tracer(pid), pytest.raises(errors.PermissionDenied):
             mech.resume([0])
-        holder.communicate("\n", timeout=10)
-        holder = None
         os.kill(pid, signal.SIGKILL)
         _wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z")
         with pytest.raises(errors.KfdIoctlError) as gone:
@@ -520,8 +518,6 @@ def test_before_7_2_a_target_gone_or_taken_answers_as_the_kernel_would(old_rule_
         assert gone.value.errno == errno.ESRCH
         mech.close()                                    # quietly
     finally:
-        if holder is not None:
-            holder.communicate("\n", timeout=10)
         kfd.close()
 
 
