@@ -4,6 +4,7 @@ kernel's rules, one test per rule, each naming the kernel file and function it f
 forked child, a brand-new KFD process with no events of earlier tests."""
 import ctypes
 import errno
+import os
 
 import pytest
 
@@ -30,17 +31,21 @@ def set_event(kfd, event_id, reset=False):
         kfd.ioctl("SET_EVENT", s.kfd_ioctl_set_event_args(event_id=event_id))
 
 
-def wait(kfd, ids, wait_for_all=False, timeout_ms=0):
-    """WAIT_EVENTS on `ids`; returns the arguments as copied back (on error too)."""
+def wait(kfd, ids, wait_for_all=False, timeout_ms=0, ages=None):
+    """WAIT_EVENTS on `ids` (each with its last_event_age from `ages`, 0: none given); returns the
+    arguments as copied back (on error too). With `ages`, also the ages as written back."""
     data = (s.kfd_event_data * max(1, len(ids)))()
     for i, event_id in enumerate(ids):
         data[i].event_id = event_id
+        data[i].signal_event_data.last_event_age = (ages or [0] * len(ids))[i]
     args = s.kfd_ioctl_wait_events_args(events_ptr=ctypes.addressof(data), num_events=len(ids),
                                         wait_for_all=int(wait_for_all), timeout=timeout_ms)
     try:
         kfd.ioctl("WAIT_EVENTS", args)
     except errors.KfdIoctlError as e:
         return args, e.errno
+    if ages is not None:
+        return args, [data[i].signal_event_data.last_event_age for i in range(len(ids))]
     return args, 0
 
 
@@ -136,6 +141,31 @@ def test_an_event_page_from_user_space_sets_the_slot_count_once(sim, client):
     assert created == 511
 
 
+def _page_of(kfd, gpu, size, flags, offset=0):
+    """Signal events a BO of `size` bytes and `flags` takes as event page: their count, or the errno."""
+    alloc = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7F00_0000_0000, size=size, gpu_id=gpu, flags=flags,
+                                                 mmap_offset=offset)
+    kfd.ioctl("ALLOC_MEMORY_OF_GPU", alloc)
+    created = []
+    try:
+        created.append(create_event(kfd, page=alloc.handle))
+        while True:
+            created.append(create_event(kfd))
+    except errors.KfdIoctlError as e:
+        return len(created) if created else e.errno
+
+
+def test_an_event_page_holds_whole_pages_and_cannot_be_a_userptr(sim, client):
+    """kfd_events.c: kfd_kmap_event_page maps the BO with amdgpu_amdkfd_gpuvm_map_gtt_bo_to_kernel,
+    whose size is the BO's, page-aligned: a 100-byte BO gives 512 slots (511 events); a userptr BO
+    cannot be mapped into the kernel (-EINVAL). A review found 11 events and a userptr page taken."""
+    gpu = client.gpus[0]
+    assert in_fresh_process(sim, lambda kfd: _page_of(kfd, gpu, 100, c.KFD_IOC_ALLOC_MEM_FLAGS_GTT)) == 511
+    userptr = in_fresh_process(sim, lambda kfd: _page_of(kfd, gpu, 4096, c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
+                                                         offset=0x7E00_0000_0000))
+    assert userptr == errno.EINVAL
+
+
 def test_unknown_event_ids_are_einval(client):
     """kfd_events.c: kfd_event_destroy, kfd_set_event and kfd_reset_event look the id up
     (lookup_event_by_id; id 0 is reserved, never an event): unknown -> -EINVAL. kfd_wait_on_events
@@ -199,6 +229,25 @@ def test_wait_any_and_all_with_timeout_zero(client, events):
     assert wait(kfd, pair, wait_for_all=True)[0].wait_result == COMPLETE
     assert wait(kfd, [])[0].wait_result == COMPLETE
     assert wait(kfd, [], wait_for_all=True)[0].wait_result == COMPLETE
+
+
+def test_a_wait_with_an_event_age_fires_on_any_set_since_and_says_the_age_now(client, events):
+    """kfd_events.c: kfd_event_create starts event_age at 1 and set_event adds one; init_event_waiter:
+    a SIGNAL event waited on with a last_event_age (0: none given) fires if its age differs, even
+    after RESET_EVENT; copy_signaled_event_data writes the age back into a COMPLETE wait's entry.
+    How ROCr misses no set between two of its waits (a review found the ages ignored)."""
+    kfd, manual = client.kfd, events["manual1"]
+    assert wait(kfd, [manual], ages=[1])[0].wait_result == TIMEOUT          # never set: age 1
+    assert wait(kfd, [manual], ages=[5])[0].wait_result == COMPLETE         # another age than its own
+    set_event(kfd, manual)
+    set_event(kfd, manual, reset=True)                                      # set, then reset: age 2
+    args, ages = wait(kfd, [manual], ages=[1])
+    assert args.wait_result == COMPLETE and ages == [2]
+    set_event(kfd, manual)                                                  # age 3, and signaled
+    args, ages = wait(kfd, [manual], ages=[3])
+    assert args.wait_result == COMPLETE and ages == [3]                     # fired by being signaled
+    set_event(kfd, manual, reset=True)
+    assert wait(kfd, [manual], ages=[3])[0].wait_result == TIMEOUT          # seen: nothing since
 
 
 def test_a_wait_consumes_every_signaled_auto_reset_event_it_names_even_when_it_fails(client, events):
@@ -292,6 +341,43 @@ def test_available_memory_counts_vram_in_2_mib_steps_for_every_process(sim, clie
         kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
     del client.rt.handles[-2:]
     assert available(kfd, gpu) == before
+
+
+def vram_usage(client, gpu):
+    return int((client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/vram_{gpu}").read_text())
+
+
+def test_vram_is_counted_in_whole_pages_and_an_aql_ring_at_half(client):
+    """kfd_chardev.c: kfd_ioctl_alloc_memory_of_gpu adds PAGE_ALIGN(size) to the process's
+    vram_usage, half the size for AQL_QUEUE_MEM (the ring is mapped twice); amdgpu_amdkfd_gpuvm.c
+    reserves the same half for AVAILABLE_MEMORY. A review found raw bytes and full AQL sizes."""
+    kfd, gpu = client.kfd, client.gpus[3]
+    usage, free = vram_usage(client, gpu), available(kfd, gpu)
+    client.rt.alloc(gpu, 100, flags=VRAM)
+    assert vram_usage(client, gpu) == usage + 4096
+    client.rt.alloc(gpu, 8 << 20, flags=VRAM | c.KFD_IOC_ALLOC_MEM_FLAGS_AQL_QUEUE_MEM)
+    assert vram_usage(client, gpu) == usage + 4096 + (4 << 20)
+    assert available(kfd, gpu) == free - (2 << 20) - (4 << 20)
+    for handle in client.rt.handles[-2:]:
+        kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
+    del client.rt.handles[-2:]
+    assert vram_usage(client, gpu) == usage and available(kfd, gpu) == free
+
+
+@pytest.mark.parametrize("flags,offset,size,err", [
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, 0, 4096, errno.EINVAL),             # no domain
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, 0, 4096, errno.EINVAL),              # a userptr without its address
+    (VRAM, 0, 1 << 50, errno.ENOMEM),                                        # more VRAM than the GPU has
+])
+def test_alloc_needs_a_domain_a_userptrs_address_and_room_in_vram(client, flags, offset, size, err):
+    """amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: none of VRAM, GTT, USERPTR,
+    DOORBELL, MMIO_REMAP -> -EINVAL; a USERPTR whose mmap_offset (its user address) is 0 ->
+    -EINVAL; amdgpu_amdkfd_reserve_mem_limit: VRAM beyond what is left -> -ENOMEM."""
+    args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7A00_0000_0000, size=size, gpu_id=client.gpus[0],
+                                                flags=flags, mmap_offset=offset)
+    with pytest.raises(errors.KfdIoctlError) as info:
+        client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
+    assert info.value.errno == err
 
 
 # --- kfd_debug.c: SET_EXCEPTIONS_ENABLED ----------------------------------------------------------

@@ -163,13 +163,15 @@ def test_smi_poll_reports_input_only_when_the_fifo_has_data(client):
 
 def test_smi_event_without_a_task_reaches_every_enabled_client(client, sim):
     """kfd_smi_events.c: kfd_smi_ev_enabled passes pid-0 events (here PROCESS_START) to every
-    client with the bit set, whoever opened it."""
+    client with the bit set, whoever opened it; the record names the task (its comm)."""
     fd = client.open_smi(client.gpus[0], c.KFD_SMI_EVENT_PROCESS_START)
     try:
         child = in_child(_open_kfd_and_report_pid, sim)
         settle()
         records = read_all(fd).decode().splitlines()
-        assert f"c {child:x} sim-{child}" in records
+        with open("/proc/self/comm") as f:              # a forked child keeps its parent's name
+            comm = f.read().strip()
+        assert f"c {child:x} {comm}" in records, records
     finally:
         os.close(fd)
 

@@ -42,14 +42,26 @@ KFD_FIRST_NONSIGNAL_EVENT_ID = 0x8000_0000    # kfd_events.h: KFD_EVENT_ID_NONSI
 VRAM_AVAILABILITY_ALIGN = 2 << 20    # amdgpu_amdkfd.h: VRAM_AVAILABLITY_ALIGN (1 << 21)
 
 SignalPage = namedtuple("SignalPage", "size handle")     # handle None: allocated by the kernel itself
+# where a kfd_event_data holds signal_event_data.last_event_age (the union at its start)
+AGE_OFFSET = s.kfd_event_data._u.offset + s._kfd_event_data_union.signal_event_data.offset
+
+
+def vram_charge(size, flags):
+    """What a VRAM BO counts for: its size in whole pages, half of it for an AQL queue's ring,
+    which is mapped twice (kfd_ioctl_alloc_memory_of_gpu's vram_usage, and the size that
+    amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu reserves: `if AQL_QUEUE_MEM: size >>= 1`)."""
+    return page_align(size >> 1 if flags & c.KFD_IOC_ALLOC_MEM_FLAGS_AQL_QUEUE_MEM else size)
 
 
 @dataclass(eq=False)
 class SimEvent:
-    """kfd_events.c: struct kfd_event, what user space can observe of it."""
+    """kfd_events.c: struct kfd_event, what user space can observe of it. `age` counts its sets
+    (event_age: 1 at creation, one more on every set_event; 0 is never used, it means "not given"
+    in a wait)."""
     type: int
     auto_reset: bool
     signaled: bool = False
+    age: int = 1
 
 
 @dataclass(eq=False)
@@ -136,10 +148,11 @@ class SimKfd:
         """kfd_open: creates the kfd_process and proc/<pid> (kfd_process.c:828-875)."""
         proc = self.processes.get(pid)
         if proc is None:
-            proc = SimProcess(pid, uid, tuple(self.devices))
+            # its name read now: at its PROCESS_END /proc may show it no more
+            proc = SimProcess(pid, uid, tuple(self.devices), _comm(pid))
             self.processes[pid] = proc
             self.sysfs.add_process(pid, proc.gpu_ids, {g for g, d in self.devices.items() if d.svm})
-            self.smi.emit(c.KFD_SMI_EVENT_PROCESS_START, 0, f"{pid:x} sim-{pid}\n", self.devices)
+            self.smi.emit(c.KFD_SMI_EVENT_PROCESS_START, 0, f"{pid:x} {proc.comm}\n", self.devices)
         return proc
 
     def create_process(self, pid):
@@ -184,7 +197,7 @@ class SimKfd:
             del self.mapped_on[key]
         self.smi.drop_owner(pid)
         self.sysfs.remove_process(pid)
-        self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} sim-{pid}\n", self.devices)
+        self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} {proc.comm}\n", self.devices)
 
     # --- the dispatcher (kfd_chardev.c: kfd_ioctl) ---------------------------------------------
     def ioctl(self, proc, caller_pid, request, user_arg, mem, caller_uid=0):
@@ -496,9 +509,21 @@ class SimKfd:
 
     # --- memory ---------------------------------------------------------------------------------
     def alloc_memory(self, proc, a, mem, uid):
+        """kfd_chardev.c: kfd_ioctl_alloc_memory_of_gpu and amdgpu_amdkfd_gpuvm.c:
+        amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: a size and a domain (VRAM, GTT, USERPTR,
+        DOORBELL or MMIO_REMAP) are needed, a USERPTR its user address in mmap_offset (-EINVAL);
+        VRAM beyond what the partition has left is -ENOMEM (amdgpu_amdkfd_reserve_mem_limit)."""
         dev = self.device(a.gpu_id)
-        if a.size == 0 or not access_ok(a.va_addr):
+        domains = (c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM | c.KFD_IOC_ALLOC_MEM_FLAGS_GTT | c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR
+                   | c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
+        if a.size == 0 or not access_ok(a.va_addr) or not a.flags & domains:
             raise SimErrno(errno.EINVAL)
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR and not a.mmap_offset:
+            raise SimErrno(errno.EINVAL, "a userptr allocation names its user address in mmap_offset")
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
+            charge = -(-vram_charge(a.size, a.flags) // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
+            if charge > self._vram_left(dev):
+                raise SimErrno(errno.ENOMEM)
         if any(bo.va < a.va_addr + a.size and a.va_addr < bo.va + bo.size for bo in proc.bos.values()):
             raise SimErrno(errno.EINVAL, "VA range overlaps an existing mapping")
         # MAKE_HANDLE(gpu_id, idr_handle): the lowest free id of the device's alloc_idr
@@ -507,7 +532,7 @@ class SimKfd:
         handle = (dev.gpu_id << 32) | next(i for i in range(len(in_use) + 1) if i not in in_use)
         proc.bos[handle] = BufferObject(handle, a.va_addr, a.size, a.gpu_id, a.flags)
         if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
-            proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + a.size
+            proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + vram_charge(a.size, a.flags)
             self.sysfs.set(proc.pid, f"vram_{a.gpu_id}", proc.vram[a.gpu_id])
         a.handle = handle
         a.mmap_offset = handle << 12
@@ -528,7 +553,7 @@ class SimKfd:
         bo = proc.bos.pop(a.handle)
         self.mapped_on.pop((proc.pid, a.handle), None)
         if bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
-            proc.vram[bo.gpu_id] -= bo.size
+            proc.vram[bo.gpu_id] -= vram_charge(bo.size, bo.flags)
             self.sysfs.set(proc.pid, f"vram_{bo.gpu_id}", proc.vram[bo.gpu_id])
         return 0
 
@@ -566,13 +591,17 @@ class SimKfd:
         page-table, pinned and RAS reserves this simulator does not know."""
         if a.gpu_id not in proc.gpu_ids:
             raise SimErrno(errno.EINVAL)
-        dev = self.device(a.gpu_id)
-        total = sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
-        used = sum(-(-bo.size // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
-                   for p in self.processes.values() for bo in p.bos.values()
-                   if bo.gpu_id == a.gpu_id and bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
-        a.available = max(0, total - used) // VRAM_AVAILABILITY_ALIGN * VRAM_AVAILABILITY_ALIGN
+        a.available = self._vram_left(self.device(a.gpu_id)) // VRAM_AVAILABILITY_ALIGN * VRAM_AVAILABILITY_ALIGN
         return 0
+
+    def _vram_left(self, dev):
+        """The partition's VRAM less every process's VRAM BOs, each charged as reserve_mem_limit
+        does (vram_charge, rounded up to VRAM_AVAILABLITY_ALIGN: vram_used_aligned), never below 0."""
+        total = sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
+        used = sum(-(-vram_charge(bo.size, bo.flags) // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
+                   for p in self.processes.values() for bo in p.bos.values()
+                   if bo.gpu_id == dev.gpu_id and bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
+        return max(0, total - used)
 
     def get_clock_counters(self, proc, a, mem, uid):
         self.device(a.gpu_id)
@@ -626,7 +655,12 @@ class SimKfd:
         GPU must be one of the process's and the BO known (-EINVAL); its size sets the slots."""
         if proc.pid in self.signal_pages or handle >> 32 not in proc.gpu_ids or handle not in proc.bos:
             raise SimErrno(errno.EINVAL)
-        self.signal_pages[proc.pid] = SignalPage(proc.bos[handle].size, handle)
+        bo = proc.bos[handle]
+        # amdgpu_amdkfd_gpuvm_map_gtt_bo_to_kernel: a userptr BO cannot be mapped into the kernel,
+        # and the page is the BO's size, whole pages
+        if bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR:
+            raise SimErrno(errno.EINVAL, "userptr can't be mapped to kernel")
+        self.signal_pages[proc.pid] = SignalPage(page_align(bo.size), handle)
 
     def destroy_event(self, proc, a, mem, uid):
         """kfd_events.c: kfd_event_destroy: an unknown id (0 included) is -EINVAL."""
@@ -643,6 +677,8 @@ class SimKfd:
         if ev is None or ev.type != c.KFD_IOC_EVENT_SIGNAL:
             raise SimErrno(errno.EINVAL)
         ev.signaled = isinstance(a, s.kfd_ioctl_set_event_args)
+        if ev.signaled:                          # set_event: ++event_age, never wrapping back to 0 or 1
+            ev.age = ev.age + 1 if ev.age < (1 << 64) - 1 else 2
         return 0
 
     def wait_events(self, proc, a, mem, uid):
@@ -651,19 +687,32 @@ class SimKfd:
         the wait then times out or a later id is unknown (-EINVAL, wait_result FAIL). COMPLETE
         when any (all, with wait_for_all) fired; no events at all is COMPLETE either way
         (test_event_condition). No GPU signals an event here, so the simulator answers at once:
-        TIMEOUT where the kernel would sleep up to `timeout` for another thread's SET_EVENT."""
+        TIMEOUT where the kernel would sleep up to `timeout` for another thread's SET_EVENT.
+        A SIGNAL event whose entry gives a last_event_age (0: none given) has fired if it was set
+        since that age (init_event_waiter: event_age != last_event_age), and a COMPLETE wait writes
+        each fired one's age back there (copy_signaled_event_data): how ROCr's waits miss no set
+        that came between two of them."""
         a.wait_result = c.KFD_IOC_WAIT_RESULT_FAIL
         size = ctypes.sizeof(s.kfd_event_data)
         raw = mem.read(a.events_ptr, size * a.num_events)
-        fired = []
+        fired, aged = [], []
         for i in range(a.num_events):
-            ev = proc.events.get(s.kfd_event_data.from_buffer_copy(raw, i * size).event_id)
+            entry = s.kfd_event_data.from_buffer_copy(raw, i * size)
+            ev = proc.events.get(entry.event_id)
             if ev is None:
                 raise SimErrno(errno.EINVAL)
-            fired.append(ev.signaled)
+            activated = ev.signaled
             ev.signaled = ev.signaled and not ev.auto_reset
+            if ev.type == c.KFD_IOC_EVENT_SIGNAL and entry.signal_event_data.last_event_age:
+                activated = activated or ev.age != entry.signal_event_data.last_event_age
+                aged.append((i, ev))
+            fired.append(activated)
         done = all(fired) if a.wait_for_all or not fired else any(fired)
         a.wait_result = c.KFD_IOC_WAIT_RESULT_COMPLETE if done else c.KFD_IOC_WAIT_RESULT_TIMEOUT
+        if done:
+            for i, ev in aged:
+                if fired[i]:
+                    mem.write(a.events_ptr + i * size + AGE_OFFSET, ev.age.to_bytes(8, "little"))
         return 0
 
     def set_xnack_mode(self, proc, a, mem, uid):
@@ -765,3 +814,13 @@ class SimKfd:
     def get_version(self, proc, a, mem, uid):
         a.major_version, a.minor_version = self.abi.major, self.abi.minor
         return 0
+
+
+def _comm(pid):
+    """The task's comm, as KFD_EVENT_FMT_PROCESS prints it (kfd_smi_events.c:
+    kfd_smi_event_process); empty once /proc no longer shows the process."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

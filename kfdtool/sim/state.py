@@ -79,6 +79,7 @@ class SimProcess:
     pid: int
     uid: int
     gpu_ids: tuple
+    comm: str = ""                                      # the task's name, for SMI's PROCESS_START/END
     runtime_state: int = c.DEBUG_RUNTIME_STATE_DISABLED
     r_debug: int = 0
     ttmp_setup: int = 0
