@@ -7,6 +7,7 @@ import errno
 import mmap
 import os
 import select
+import socket
 import threading
 import time
 
@@ -179,6 +180,33 @@ def test_smi_event_without_a_task_reaches_every_enabled_client(client, sim):
 def _open_kfd_and_report_pid(sim):
     Client(sim, runtime_enable=False)
     return os.getpid()
+
+
+def _open_smi_and_pass_it(sim, gpu, sock, event):
+    cl = Client(sim, runtime_enable=False)
+    fd = cl.open_smi(gpu, event)
+    socket.send_fds(sock, [b"fd"], [fd])
+    return os.getpid()                       # and exits: the fd lives on in the parent only
+
+
+def test_an_smi_fd_outlives_the_process_that_opened_it(client, sim):
+    """kfd_smi_events.c: kfd_smi_ev_release removes a client at its file's last close; nothing in
+    process teardown does. An SMI fd passed to another process keeps reading records after its
+    opener exits (a review found it ended at the opener's exit)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    opener = in_child(_open_smi_and_pass_it, sim, client.gpus[0], theirs, c.KFD_SMI_EVENT_PROCESS_START)
+    _, [fd], _, _ = socket.recv_fds(ours, 16, 1)
+    try:
+        settle()
+        read_all(fd)                                     # whatever came before
+        child = in_child(_open_kfd_and_report_pid, sim)
+        settle()
+        records = read_all(fd).decode().splitlines()
+        assert child != opener and any(r.startswith(f"c {child:x} ") for r in records), records
+    finally:
+        os.close(fd)
+        ours.close()
+        theirs.close()
 
 
 def test_smi_events_need_a_gpu_of_the_process(client):

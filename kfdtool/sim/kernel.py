@@ -195,7 +195,8 @@ class SimKfd:
         self.signal_pages.pop(pid, None)
         for key in [k for k in self.mapped_on if k[0] == pid]:
             del self.mapped_on[key]
-        self.smi.drop_owner(pid)
+        # its SMI fds stay: kfd_smi_ev_release ends a client at its file's last close only (one
+        # passed to another process outlives the opener), which the hub sees as the peer's hangup
         self.sysfs.remove_process(pid)
         self.smi.emit(c.KFD_SMI_EVENT_PROCESS_END, 0, f"{pid:x} {proc.comm}\n", self.devices)
 

@@ -136,11 +136,6 @@ class SmiHub:
             self.on_close(client.sock)
             client.sock.close()
 
-    def drop_owner(self, pid):
-        for fileno, client in list(self.clients.items()):
-            if client.owner_pid == pid:
-                self._close(fileno)
-
     def emit(self, event, pid, text, gpu_ids):
         """kfd_smi_event_add: one record, "<event hex> " + text, cut to KFD_SMI_EVENT_MSG_SIZE,
         to every client of these GPUs that kfd_smi_ev_enabled lets see it and whose fifo has
