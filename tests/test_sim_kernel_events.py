@@ -368,11 +368,15 @@ def test_vram_is_counted_in_whole_pages_and_an_aql_ring_at_half(client):
     (c.KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, 0, 4096, errno.EINVAL),             # no domain
     (c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, 0, 4096, errno.EINVAL),              # a userptr without its address
     (VRAM, 0, 1 << 50, errno.ENOMEM),                                        # more VRAM than the GPU has
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, 0, 4096, errno.EINVAL),             # not the doorbell slice (8 KiB)
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, 0, 8192, errno.EINVAL),           # not one page
 ])
-def test_alloc_needs_a_domain_a_userptrs_address_and_room_in_vram(client, flags, offset, size, err):
+def test_alloc_needs_a_domain_the_right_size_and_room(client, flags, offset, size, err):
     """amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: none of VRAM, GTT, USERPTR,
     DOORBELL, MMIO_REMAP -> -EINVAL; a USERPTR whose mmap_offset (its user address) is 0 ->
-    -EINVAL; amdgpu_amdkfd_reserve_mem_limit: VRAM beyond what is left -> -ENOMEM."""
+    -EINVAL; amdgpu_amdkfd_reserve_mem_limit: VRAM beyond what is left -> -ENOMEM;
+    kfd_chardev.c: kfd_ioctl_alloc_memory_of_gpu: a DOORBELL that is not the process's doorbell
+    slice, or an MMIO_REMAP that is not one page -> -EINVAL."""
     args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7A00_0000_0000, size=size, gpu_id=client.gpus[0],
                                                 flags=flags, mmap_offset=offset)
     with pytest.raises(errors.KfdIoctlError) as info:
@@ -412,3 +416,18 @@ def test_set_exceptions_enabled_decides_what_query_debug_event_reports(client):
         client.dbg("DISABLE")
         for qid in (older, newer):
             client.rt.destroy_queue(qid)
+
+
+def test_an_mmio_remap_page_is_mapped_through_the_kfd_device(client):
+    """kfd_chardev.c: kfd_ioctl_alloc_memory_of_gpu: an MMIO_REMAP BO's mmap offset is a kfd one,
+    KFD_MMAP_TYPE_MMIO | KFD_MMAP_GPU_ID(gpu_id); a doorbell slice of 8 KiB (SOC15) is taken."""
+    gpu = client.gpus[1]
+    mmio = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7B00_0000_0000, size=4096, gpu_id=gpu,
+                                                flags=c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
+    client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", mmio)
+    assert mmio.mmap_offset == (0 << 62) | (gpu << 46)
+    bells = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7C00_0000_0000, size=8192, gpu_id=gpu,
+                                                 flags=c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL)
+    client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", bells)
+    for args in (mmio, bells):
+        client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(args.handle))

@@ -35,6 +35,7 @@ QUEUE_TYPES_SINCE = {c.KFD_IOC_QUEUE_TYPE_COMPUTE: 1, c.KFD_IOC_QUEUE_TYPE_SDMA:
                      c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID: 17}
 KFD_MMAP_TYPE_DOORBELL = 3 << 62
 KFD_MMAP_TYPE_EVENTS = 2 << 62
+KFD_MMAP_TYPE_MMIO = 0 << 62
 MAX_CU_MASK_BITS = 1024              # kfd_ioctl_set_cu_mask: max_num_cus
 SIGNAL_EVENT_TYPES = (c.KFD_IOC_EVENT_SIGNAL, c.KFD_IOC_EVENT_DEBUG_EVENT)   # ids from the signal page
 DEFAULT_SIGNAL_SLOTS = 256           # kfd_events.c: allocate_event_notification_slot, "Oldest user mode"
@@ -44,6 +45,13 @@ VRAM_AVAILABILITY_ALIGN = 2 << 20    # amdgpu_amdkfd.h: VRAM_AVAILABLITY_ALIGN (
 SignalPage = namedtuple("SignalPage", "size handle")     # handle None: allocated by the kernel itself
 # where a kfd_event_data holds signal_event_data.last_event_age (the union at its start)
 AGE_OFFSET = s.kfd_event_data._u.offset + s._kfd_event_data_union.signal_event_data.offset
+
+
+def doorbell_slice(dev):
+    """kfd_doorbell.c: kfd_doorbell_process_slice: a doorbell for each of a process's queues, 8
+    bytes on SOC15 (gfx9 on) and 4 before, in whole pages."""
+    size = 8 if dev.node.props.get("gfx_target_version", 90000) >= 90000 else 4
+    return page_align(size * c.KFD_MAX_NUM_OF_QUEUES_PER_PROCESS)
 
 
 def vram_charge(size, flags):
@@ -521,6 +529,12 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR and not a.mmap_offset:
             raise SimErrno(errno.EINVAL, "a userptr allocation names its user address in mmap_offset")
+        # kfd_ioctl_alloc_memory_of_gpu: the process's doorbell slice (kfd_doorbell_process_slice: a
+        # doorbell per queue, 8 bytes on SOC15, whole pages), or one page of MMIO, nothing else
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL and a.size != doorbell_slice(dev):
+            raise SimErrno(errno.EINVAL, f"a doorbell allocation is {doorbell_slice(dev)} bytes")
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP and a.size != 4096:
+            raise SimErrno(errno.EINVAL, "an MMIO remap allocation is one page")
         if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
             charge = -(-vram_charge(a.size, a.flags) // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
             if charge > self._vram_left(dev):
@@ -536,7 +550,10 @@ class SimKfd:
             proc.vram[a.gpu_id] = proc.vram.get(a.gpu_id, 0) + vram_charge(a.size, a.flags)
             self.sysfs.set(proc.pid, f"vram_{a.gpu_id}", proc.vram[a.gpu_id])
         a.handle = handle
-        a.mmap_offset = handle << 12
+        # MMIO is mapped through the kfd device: a kfd mmap offset naming the GPU; other BOs' offsets
+        # are DRM's (here a stand-in)
+        a.mmap_offset = (KFD_MMAP_TYPE_MMIO | (dev.gpu_id << 46) if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP
+                         else handle << 12)
         return 0
 
     def free_memory(self, proc, a, mem, uid):
