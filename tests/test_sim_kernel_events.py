@@ -370,6 +370,8 @@ def test_vram_is_counted_in_whole_pages_and_an_aql_ring_at_half(client):
     (VRAM, 0, 1 << 50, errno.ENOMEM),                                        # more VRAM than the GPU has
     (c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, 0, 4096, errno.EINVAL),             # not the doorbell slice (8 KiB)
     (c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, 0, 8192, errno.EINVAL),           # not one page
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_GTT | c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, 0, 4096, 0),   # GTT's branch: fine
+    (c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, 0, 8192, 0),   # a doorbell
 ])
 def test_alloc_needs_a_domain_the_right_size_and_room(client, flags, offset, size, err):
     """amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: none of VRAM, GTT, USERPTR,
@@ -379,6 +381,10 @@ def test_alloc_needs_a_domain_the_right_size_and_room(client, flags, offset, siz
     slice, or an MMIO_REMAP that is not one page -> -EINVAL."""
     args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7A00_0000_0000, size=size, gpu_id=client.gpus[0],
                                                 flags=flags, mmap_offset=offset)
+    if not err:                                 # the kernel's else-if branches take it
+        client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
+        client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(args.handle))
+        return
     with pytest.raises(errors.KfdIoctlError) as info:
         client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
     assert info.value.errno == err
@@ -431,3 +437,18 @@ def test_an_mmio_remap_page_is_mapped_through_the_kfd_device(client):
     client.kfd.ioctl("ALLOC_MEMORY_OF_GPU", bells)
     for args in (mmio, bells):
         client.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(args.handle))
+
+
+def test_vram_runs_out_by_page_aligned_bytes_not_by_2_mib_steps(client):
+    """amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_reserve_mem_limit refuses (-ENOMEM) by vram_used, the
+    page-aligned bytes; the 2 MiB steps (vram_used_aligned) are only AVAILABLE_MEMORY's count. After
+    a 4 KiB BO, all that AVAILABLE_MEMORY reported before but 1 MiB still fits (a review found each
+    small BO charged 2 MiB against ENOMEM)."""
+    kfd, gpu = client.kfd, client.gpus[3]
+    before = available(kfd, gpu)
+    client.rt.alloc(gpu, 4096, flags=VRAM)
+    big = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=0x7D00_0000_0000, size=before - (1 << 20), gpu_id=gpu,
+                                               flags=VRAM)
+    kfd.ioctl("ALLOC_MEMORY_OF_GPU", big)
+    kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(big.handle))
+    kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(client.rt.handles.pop()))

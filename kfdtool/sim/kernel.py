@@ -527,18 +527,23 @@ class SimKfd:
                    | c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
         if a.size == 0 or not access_ok(a.va_addr) or not a.flags & domains:
             raise SimErrno(errno.EINVAL)
-        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR and not a.mmap_offset:
+        # the gpuvm allocator's branches go VRAM, GTT, then USERPTR, then DOORBELL or MMIO_REMAP: a
+        # userptr's address is asked only where neither of the first two is
+        plain = a.flags & (c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM | c.KFD_IOC_ALLOC_MEM_FLAGS_GTT)
+        if not plain and a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_USERPTR and not a.mmap_offset:
             raise SimErrno(errno.EINVAL, "a userptr allocation names its user address in mmap_offset")
         # kfd_ioctl_alloc_memory_of_gpu: the process's doorbell slice (kfd_doorbell_process_slice: a
-        # doorbell per queue, 8 bytes on SOC15, whole pages), or one page of MMIO, nothing else
-        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL and a.size != doorbell_slice(dev):
-            raise SimErrno(errno.EINVAL, f"a doorbell allocation is {doorbell_slice(dev)} bytes")
-        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP and a.size != 4096:
+        # doorbell per queue, 8 bytes on SOC15, whole pages), else one page of MMIO
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL:
+            if a.size != doorbell_slice(dev):
+                raise SimErrno(errno.EINVAL, f"a doorbell allocation is {doorbell_slice(dev)} bytes")
+        elif a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP and a.size != 4096:
             raise SimErrno(errno.EINVAL, "an MMIO remap allocation is one page")
-        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM:
-            charge = -(-vram_charge(a.size, a.flags) // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
-            if charge > self._vram_left(dev):
-                raise SimErrno(errno.ENOMEM)
+        # amdgpu_amdkfd_reserve_mem_limit: VRAM used in page-aligned bytes (vram_used; the 2 MiB
+        # steps are AVAILABLE_MEMORY's count, vram_used_aligned) plus this BO beyond the partition's
+        if a.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM and (
+                self._vram_used(dev) + vram_charge(a.size, a.flags) > self._vram_size(dev)):
+            raise SimErrno(errno.ENOMEM)
         if any(bo.va < a.va_addr + a.size and a.va_addr < bo.va + bo.size for bo in proc.bos.values()):
             raise SimErrno(errno.EINVAL, "VA range overlaps an existing mapping")
         # MAKE_HANDLE(gpu_id, idr_handle): the lowest free id of the device's alloc_idr
@@ -613,13 +618,20 @@ class SimKfd:
         return 0
 
     def _vram_left(self, dev):
-        """The partition's VRAM less every process's VRAM BOs, each charged as reserve_mem_limit
-        does (vram_charge, rounded up to VRAM_AVAILABLITY_ALIGN: vram_used_aligned), never below 0."""
-        total = sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
-        used = sum(-(-vram_charge(bo.size, bo.flags) // VRAM_AVAILABILITY_ALIGN) * VRAM_AVAILABILITY_ALIGN
+        """AVAILABLE_MEMORY's count: the partition's VRAM less every process's VRAM BOs, each
+        rounded up to VRAM_AVAILABLITY_ALIGN (vram_used_aligned), never below 0."""
+        return max(0, self._vram_size(dev) - self._vram_used(dev, VRAM_AVAILABILITY_ALIGN))
+
+    @staticmethod
+    def _vram_size(dev):
+        return sum(bank.get("size_in_bytes", 0) for bank in dev.node.mem_banks) or 64 << 30
+
+    def _vram_used(self, dev, step=1):
+        """Every process's VRAM BOs on `dev`, each charged as reserve_mem_limit does (vram_charge),
+        rounded up to `step`."""
+        return sum(-(-vram_charge(bo.size, bo.flags) // step) * step
                    for p in self.processes.values() for bo in p.bos.values()
                    if bo.gpu_id == dev.gpu_id and bo.flags & c.KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
-        return max(0, total - used)
 
     def get_clock_counters(self, proc, a, mem, uid):
         self.device(a.gpu_id)
