@@ -265,6 +265,7 @@ class FakeMechanism:
     calls = []
     runtime_events = set()                # pids whose runtime turned off or on, not yet answered
     runtime_state = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
+    ptrace_each_call = False              # a 7.2 kernel: no ptrace window after ENABLE
 
     live_queues = [0, 1]                  # the target's queues now (a test may add one)
 

@@ -40,7 +40,8 @@ from .board import Board, excuse, register_client, stopped_activations
 from .gil import short_switch
 from .policy import GAP_HISTORY, check_hint, hold_for, make_policy, shares_device
 from .protection import DEFAULT_LATENCY_SLACK, Protection
-from .window import DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, ProgressiveWindow, WindowedLaunches, check_window_us
+from .window import (DEFAULT_WINDOW_US, EXPOSED_WINDOW_SCALE, LaunchTotals, ProgressiveWindow, WindowedLaunches,
+                     check_window_us)
 
 POLL_MIN_S, POLL_MAX_S = 20e-6, 100e-6     # held back by another process: poll the board with backoff
 # Held back only by clients of this same process (threads): they wake us when they write the board
@@ -122,7 +123,7 @@ class Gate:
         self._active = False
         self.waits = 0                             # times this client was held back (for reports)
         self.held_s = 0.0
-        self._window_totals = [0, 0]               # sync points and window waits, over every window we had
+        self._window_totals = LaunchTotals()       # over every window we had
         self._unwindowed_leaves = 0                # leaves counted while guarded without a window
         self.active_s = 0.0                        # marked active (lower clients held), in total
         self._active_since = 0.0
@@ -475,17 +476,17 @@ class Gate:
         """Changes whenever a leaf is counted (the count since the last sync point, the leaves counted
         without a window, and sync points)."""
         launches = self.launches
-        return (0 if launches is None else launches.count), self._unwindowed_leaves, self._window_totals[0]
+        return (0 if launches is None else launches.count), self._unwindowed_leaves, self._window_totals.sync_points
 
     @property
     def sync_points(self):
         """Sync points placed, in total (for reports)."""
-        return self._window_totals[0]
+        return self._window_totals.sync_points
 
     @property
     def blocked_syncs(self):
         """Window waits that found the GPU behind, in total."""
-        return self._window_totals[1]
+        return self._window_totals.blocked
 
     def backward_reached(self, grad_outputs):
         """A pre-hook on a request's output (pytorch._watch_for_backward): this client trains."""

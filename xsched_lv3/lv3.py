@@ -438,7 +438,7 @@ class Lv3Engine:
         except Error as e:
             self._release(c)
             return self._stay_lv1(c, f"Lv1: queue snapshot failed ({e})", final=False, now=now)
-        if getattr(c.mech, "ptrace_each_call", False):
+        if c.mech.ptrace_each_call:
             why += "; this kernel admits only the ptrace parent, so each call is made as it"
         c.level, c.why = LV3, why
         if self.board.read_slot(c.slot).pid == c.pid:

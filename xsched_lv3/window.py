@@ -27,6 +27,7 @@ PyTorch eager and the simulated HIP runtime). The XQueue may also know each comm
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 # The one default for every window (the inline gate, XQueue, `xsched-lv3 run`): the most GPU time a
 # held-back client may leave in flight, i.e. what a higher-priority arrival waits for at worst (Lv1).
@@ -345,14 +346,22 @@ class ProgressiveWindow:
         self.since_sync_us, self.since_sync_n = 0.0, 0
 
 
+@dataclass
+class LaunchTotals:
+    """What a client's launch loops counted, over every window it had (a client keeps one across
+    the windows it drops and makes again)."""
+    sync_points: int = 0
+    blocked: int = 0                             # sync points that waited: the GPU behind by more than the window
+
+
 class WindowedLaunches:
     """One client's launches under its window, counted on whichever thread makes them: after each
     launch (`launched`), a sync point where the window's spacing says (recorded with `record()`,
     which may wait while the window is full), else a look back where one is due. `done(handle)`
     never blocks, `wait(handle)` does (an HwQueue's sync_point_done and wait_sync_point, or a
     recorder's done and wait); `changed()`, if given, tells whether another client's activity changed
-    during a wait (what the window then does not learn from). `totals`: a list [sync points, waits]
-    to count into, kept by a client across the windows it drops and makes again.
+    during a wait (what the window then does not learn from). `totals`: the LaunchTotals to count
+    into.
 
     The count is kept outside the lock: threads of one client that launch at once may race on it (a
     sync point a command early or late). A sync point is recorded, and the count taken, under `lock`,
@@ -368,16 +377,11 @@ class WindowedLaunches:
         self.est_us = 0.0                        # ... their GPU time where every one's is known, else None
         self.per_sync = window.per_sync          # the window's, copied: read after every launch
         self.look_after = 0
-        self.totals = [0, 0] if totals is None else totals
+        self.totals = LaunchTotals() if totals is None else totals
 
     @property
     def sync_points(self):
-        return self.totals[0]
-
-    @property
-    def blocked(self):
-        """Sync points that waited (the GPU behind by more than the window)."""
-        return self.totals[1]
+        return self.totals.sync_points
 
     def launched(self, commands=1, est_us=None):
         """`commands` were launched (`est_us`: their GPU time, if known): a sync point or a look
@@ -402,8 +406,8 @@ class WindowedLaunches:
             n, est_us = self.count, self.est_us
             self.count, self.est_us = 0, 0.0
             window = self.window
-            self.totals[0] += 1
-            self.totals[1] += window.sync_point(handle, n, self.done, self.wait, est_us, self.changed)
+            self.totals.sync_points += 1
+            self.totals.blocked += window.sync_point(handle, n, self.done, self.wait, est_us, self.changed)
             self.per_sync, self.look_after = window.per_sync, window.look_after
 
     def look_back(self):

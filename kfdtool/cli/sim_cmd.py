@@ -65,14 +65,8 @@ def run_list(args, ctx):
 
 
 def _params(items):
-    from ..sim.machine import parse_parameter
-    params = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--param wants NAME=VALUE, got {item!r}")
-        name, params[name] = parse_parameter(name, value)
-    return params
+    from ..sim.machine import parse_setting
+    return dict(parse_setting(item) for item in items)
 
 
 def run_start(args, ctx):

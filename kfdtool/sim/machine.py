@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import string
 import zlib
 from collections import namedtuple
 from pathlib import Path
@@ -84,6 +85,15 @@ PARAMETER_RANGES = {"sched_policy": (0, 2),     # KFD_SCHED_POLICY_HWS .. KFD_SC
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1        # module_param(..., int): kstrtoint, else -ERANGE
 
 
+def parse_setting(text):
+    """`NAME=VALUE` (what `kfdtool sim start --param` and the server's `--param` take) as
+    parse_parameter reads it."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--param wants NAME=VALUE, got {text!r}")
+    return parse_parameter(name, value)
+
+
 def parse_parameter(name, value):
     """An amdgpu module parameter as the kernel takes it at load: (name, value), or ValueError with
     the reason. An int is read by kstrtoint(s, 0) and a bool by kstrtobool (lib/kstrtox.c, through
@@ -109,17 +119,16 @@ def parse_parameter(name, value):
 def _kstrtoint(text):
     """kstrtoint(s, 0): an optional sign, then 0x/0X hex, a leading 0 octal, or decimal digits, and
     at most one newline after them; nothing else (no spaces). None if refused; range not checked."""
-    body = text[:-1] if text.endswith("\n") else text
+    body = text.removesuffix("\n")
     sign = -1 if body[:1] == "-" else 1
     if body[:1] in ("+", "-"):
         body = body[1:]
     if body[:2] in ("0x", "0X"):
-        digits, base = body[2:], 16
+        digits, allowed, base = body[2:], string.hexdigits, 16
     elif body[:1] == "0" and len(body) > 1:
-        digits, base = body[1:], 8
+        digits, allowed, base = body[1:], string.octdigits, 8
     else:
-        digits, base = body, 10
-    allowed = "0123456789abcdefABCDEF"[:base + (6 if base == 16 else 0)]
+        digits, allowed, base = body, string.digits, 10
     if not digits or any(ch not in allowed for ch in digits):
         return None
     return sign * int(digits, base)
@@ -128,17 +137,13 @@ def _kstrtoint(text):
 def _kstrtobool(text):
     """kstrtobool: the first character decides (e/y/t/1 true, d/n/f/0 false), and for o/O the
     second (n on, f off); None if refused."""
-    first, second = text[:1], text[1:2]
-    if first and first in "eEyYtT1":
-        return True
-    if first and first in "dDnNfF0":
-        return False
-    if first and first in "oO" and second:
-        if second in "nN":
-            return True
-        if second in "fF":
-            return False
-    return None
+    if text[:1] in ("o", "O"):
+        return _KSTRTOBOOL_AFTER_O.get(text[1:2])
+    return _KSTRTOBOOL_FIRST.get(text[:1])
+
+
+_KSTRTOBOOL_FIRST = {**dict.fromkeys("eEyYtT1", True), **dict.fromkeys("dDnNfF0", False)}
+_KSTRTOBOOL_AFTER_O = {"n": True, "N": True, "f": False, "F": False}
 
 
 def find_preset(name):

@@ -58,7 +58,7 @@ from . import clock
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
-from .machine import DEFAULT_PARAMETERS, find_profile, materialize, parse_parameter
+from .machine import DEFAULT_PARAMETERS, find_profile, materialize, parse_parameter, parse_setting
 from .memory import UserMemory
 from .protocol import (IOCTL, LEN, MAX_BATCH_CALLS, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame,
                        json_frame, pack_items, pack_regions, parse_batch, parse_control, parse_ioctl,
@@ -917,11 +917,8 @@ def _pid(text):
 
 
 def _param(text):
-    name, sep, value = text.partition("=")
     try:
-        if not sep:
-            raise ValueError(f"wants NAME=VALUE, got {text!r}")
-        return parse_parameter(name, value)
+        return parse_setting(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
