@@ -56,6 +56,11 @@ PAIRS = {                       # name: (HP model, batch[, service]), (LP model,
     # a pair no round before 97d7fa9 measured, the scheduler untuned to it: a CNN service at batch 1
     # next to a transformer batch job
     "r50b1-vitb32": (("resnet50", 1), ("vit_b_16", 32)),
+    # two more pairs nothing was tuned to, first measured at c2b715b's scheduler: a transformer service
+    # at batch 1 next to a deep CNN batch job, and a CNN service next to a ConvNeXt (depthwise
+    # convolutions, LayerNorm, GELU: another kernel mix)
+    "vitb1-r152b32": (("vit_b_16", 1), ("resnet152", 32)),
+    "r18b4-convnextb64": (("resnet18", 4), ("convnext_tiny", 64)),
     "r18b4-r50b256": (("resnet18", 4), ("resnet50", 256)),     # four times b64's work a kernel
     "r18b4-r50b32train": (("resnet18", 4), ("resnet50", 32, "train")),   # training steps: backward and SGD too
     # Hugging Face's GPT-2 small (transformers installed; random weights), 256 tokens a sequence
@@ -256,6 +261,7 @@ def table(paths, only=None):
     names = {"r18b4-r50b16": "ResNet-18 b4 / ResNet-50 b16", "r18b4-r50b64": "ResNet-18 b4 / ResNet-50 b64",
              "encb1-vitb32": "Transformer encoder b1 / ViT-B/16 b32",
              "r50b1-vitb32": "ResNet-50 b1 / ViT-B/16 b32", "r18b4-r50b256": "ResNet-18 b4 / ResNet-50 b256",
+             "vitb1-r152b32": "ViT-B/16 b1 / ResNet-152 b32", "r18b4-convnextb64": "ResNet-18 b4 / ConvNeXt-T b64",
              "r18b4-r50b32train": "ResNet-18 b4 / ResNet-50 b32 training",
              "encb1-gpt2b16": "Transformer encoder b1 / GPT-2 b16", "r18b4-gpt2b8train": "ResNet-18 b4 / GPT-2 b8 training",
              "gpt2gen8-r50b64": "GPT-2 b1, 8 tokens a request, 5/s / ResNet-50 b64"}

@@ -1,6 +1,7 @@
 """The models the two-model benchmark runs, built with random weights (nothing is downloaded).
 
-    resnet18, resnet50    torchvision CNNs, input batch x 3 x 224 x 224
+    resnet18, resnet50,   torchvision CNNs, input batch x 3 x 224 x 224
+    resnet152, convnext_tiny
     vit_b_16              torchvision Vision Transformer (attention inside nn.MultiheadAttention,
                           a non-leaf module whose own forward launches most of the block's kernels)
     encoder               nn.TransformerEncoder, 6 layers, d_model 512, 8 heads, batch x 128 tokens
@@ -9,7 +10,7 @@
 import argparse
 import time
 
-MODELS = ("resnet18", "resnet50", "vit_b_16", "encoder", "gpt2")
+MODELS = ("resnet18", "resnet50", "resnet152", "convnext_tiny", "vit_b_16", "encoder", "gpt2")
 GPT2_TOKENS = 256                # the positions the model has, and a batch job's sequence
 
 
