@@ -129,11 +129,12 @@ def test_create_queue_accepts_kfdtools_formula_and_refuses_one_page_off(sim_dir)
         sizes = formula(gpu.props)
 
         def create(ctl_stack_size):
-            ring, rptr, wptr = (cl.rt.alloc(gpu.gpu_id, n) for n in (1 << 16, 4096, 4096))
+            ring, rptr, wptr = (cl.rt.alloc(gpu.gpu_id, n, map_to_gpu=True) for n in (1 << 16, 4096, 4096))
             args = cl.kfd.abi.layout("kfd_ioctl_create_queue_args")(
                 ring_base_address=ring, write_pointer_address=wptr, read_pointer_address=rptr, ring_size=1 << 16,
                 gpu_id=gpu.gpu_id, queue_type=c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, queue_percentage=100,
-                queue_priority=7, ctx_save_restore_address=cl.rt.alloc(gpu.gpu_id, sizes.queue_mapping_bytes),
+                queue_priority=7, ctx_save_restore_address=cl.rt.alloc(gpu.gpu_id, sizes.queue_mapping_bytes,
+                                                                                   map_to_gpu=True),
                 ctx_save_restore_size=sizes.cwsr_size, ctl_stack_size=ctl_stack_size)
             cl.kfd.ioctl("CREATE_QUEUE", args)
             return args.queue_id

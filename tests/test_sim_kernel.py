@@ -142,7 +142,7 @@ def test_an_eop_buffer_given_must_be_one_mapping_of_at_least_the_nodes_size(clie
     rt, gpu = client.rt, client.gpus[0]
     qid = rt.create_queue(gpu)
     snap, buf = client_snapshot(client)
-    eop = rt.alloc(gpu, 4096)
+    eop = rt.alloc(gpu, 4096, map_to_gpu=True)
 
     def create(address, size):
         args = s.kfd_ioctl_create_queue_args(
@@ -170,7 +170,7 @@ def test_a_ring_below_the_minimum_is_clamped_and_said(client, asked):
     qid = rt.create_queue(gpu)
     snap, _ = client_snapshot(client)
     args = s.kfd_ioctl_create_queue_args(
-        ring_base_address=rt.alloc(gpu, 4096), ring_size=asked, gpu_id=gpu, queue_type=2, queue_percentage=100,
+        ring_base_address=rt.alloc(gpu, 4096, map_to_gpu=True), ring_size=asked, gpu_id=gpu, queue_type=2, queue_percentage=100,
         queue_priority=7, read_pointer_address=snap["rptr"], write_pointer_address=snap["wptr"],
         ctx_save_restore_address=snap["ctx"], ctx_save_restore_size=snap["ctx_size"],
         ctl_stack_size=8192)

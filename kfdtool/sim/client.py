@@ -53,16 +53,20 @@ WAVE_STATE_WINDOW = 1 << 20
 MAX_CALL_NS = 10 * 10**9
 
 
+# (pid, fd of /proc/self/mem) of the process that opened it: the fd a forked child inherits reads
+# its parent's memory, so a child opens its own
 _self_mem = None
 
 
 def _peek(addr, length):
     """Read our own memory without risking a segfault on a bad pointer (EFAULT semantics)."""
     global _self_mem
-    if _self_mem is None:
-        _self_mem = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    if _self_mem is None or _self_mem[0] != os.getpid():
+        if _self_mem is not None:
+            os.close(_self_mem[1])
+        _self_mem = (os.getpid(), os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC))
     try:
-        data = os.pread(_self_mem, length, addr)
+        data = os.pread(_self_mem[1], length, addr)
     except (OSError, OverflowError):
         return None
     return data if len(data) == length else None

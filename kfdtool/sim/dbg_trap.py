@@ -12,6 +12,12 @@ from .errors import Blocked, SimErrno
 OPS = c.kfd_dbg_trap_operations
 SNAPSHOT_ENTRY = ctypes.sizeof(s.kfd_queue_snapshot_entry)
 
+# include/uapi/linux/kfd_sysfs.h: the topology node's capability / capability2 bits that say which
+# DBG_TRAP SET_FLAGS flags the device supports
+HSA_CAP_TRAP_DEBUG_PRECISE_MEMORY_OPERATIONS_SUPPORTED = 0x00040000
+HSA_CAP_TRAP_DEBUG_PRECISE_ALU_OPERATIONS_SUPPORTED = 0x40000000
+HSA_CAP2_TRAP_DEBUG_LDS_OUT_OF_ADDR_RANGE_SUPPORTED = 0x00000002
+
 
 
 class DbgTrap:
@@ -200,9 +206,40 @@ class DbgTrap:
         return 0
 
     def set_flags(self, caller, target, a, mem):
-        previous, target.dbg_flags = target.dbg_flags, a.set_flags.flags
-        a.set_flags.flags = previous
+        """kfd_debug.c: kfd_dbg_trap_set_flags (6.12 and 7.2): a flag is refused with -EACCES when
+        any device of the target lacks its capability in the topology (node_props.capability and
+        capability2, what sysfs prints); bits the kernel has no capability for are taken as given.
+        The previous flags are written back either way (kfd_ioctl copies them out with the error
+        too). Then every per-VMID device takes the new flags: HWS refreshes its runlist
+        (debug_refresh_runlist, a device-wide unmap and map), MES gets them in a set_shader_debugger
+        call that unmaps nothing (kfd_dbg_set_mes_debug_mode). Neither can fail here, so the
+        kernel's rewind on failure is never needed."""
+        args = a.set_flags
+        previous = target.dbg_flags
+        devices = [self.kfd.devices[gpu] for gpu in target.gpu_ids]
+        if any(args.flags & self._refused_flags(dev) for dev in devices):
+            args.flags = previous
+            raise SimErrno(errno.EACCES)
+        target.dbg_flags, args.flags = args.flags, previous
+        for dev in devices:
+            if _is_per_vmid_supported(dev) and not dev.uses_mes:
+                self.kfd.execute_queues(dev)
         return 0
+
+    def _refused_flags(self, dev):
+        """The SET_FLAGS flags `dev` refuses (kfd_dbg_trap_set_flags): SINGLE_MEM_OP and
+        SINGLE_ALU_OP without their capability bit; LDS_OUT_OF_ADDR_RANGE without its capability2
+        bit, checked only since KFD 1.21 ("Debugger support to subscribe to LDS out-of-address
+        exceptions" added the flag and the check; 6.12 stores the bit unchecked)."""
+        caps, caps2 = dev.node.props.get("capability", 0), dev.node.props.get("capability2", 0)
+        refused = 0
+        if not caps & HSA_CAP_TRAP_DEBUG_PRECISE_MEMORY_OPERATIONS_SUPPORTED:
+            refused |= c.KFD_DBG_TRAP_FLAG_SINGLE_MEM_OP
+        if not caps & HSA_CAP_TRAP_DEBUG_PRECISE_ALU_OPERATIONS_SUPPORTED:
+            refused |= c.KFD_DBG_TRAP_FLAG_SINGLE_ALU_OP
+        if self.kfd.abi.minor >= 21 and not caps2 & HSA_CAP2_TRAP_DEBUG_LDS_OUT_OF_ADDR_RANGE_SUPPORTED:
+            refused |= c.KFD_DBG_TRAP_FLAG_LDS_OUT_OF_ADDR_RANGE
+        return refused
 
     def query_debug_event(self, caller, target, a, mem):
         """kfd_debug.c: kfd_dbg_ev_query_debug_event: the first queue, in the process's queue list
@@ -362,6 +399,14 @@ class DbgTrap:
             mem.write(args.snapshot_buf_ptr + n * stride, bytes(entry)[:copy])
         args.num_devices, args.entry_size = len(devices), copy
         return 0
+
+
+def _is_per_vmid_supported(dev):
+    """kfd_debug.h: kfd_dbg_is_per_vmid_supported: GC 9.4.2 (gfx_target_version 90010), GC 9.4.3,
+    9.4.4 and 9.5.0 (90400-90500; 6.12 lists no 9.5.0, but it drives no such GPU either) and GC 11
+    and later (110000 on)."""
+    v = dev.gfx_target_version
+    return v == 90010 or 90400 <= v <= 90500 or v >= 110000
 
 
 def _first_positions(ids):

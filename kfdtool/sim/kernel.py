@@ -41,6 +41,11 @@ SIGNAL_EVENT_TYPES = (c.KFD_IOC_EVENT_SIGNAL, c.KFD_IOC_EVENT_DEBUG_EVENT)   # i
 DEFAULT_SIGNAL_SLOTS = 256           # kfd_events.c: allocate_event_notification_slot, "Oldest user mode"
 KFD_FIRST_NONSIGNAL_EVENT_ID = 0x8000_0000    # kfd_events.h: KFD_EVENT_ID_NONSIGNAL_MASK
 VRAM_AVAILABILITY_ALIGN = 2 << 20    # amdgpu_amdkfd.h: VRAM_AVAILABLITY_ALIGN (1 << 21)
+# kfd_queue.c: kfd_queue_acquire_buffers (called by kfd_chardev.c: kfd_ioctl_create_queue) and the
+# queue_refcount of a BO's mapping (amdgpu_object.h: struct amdgpu_bo_va) that makes
+# amdgpu_amdkfd_gpuvm.c: unmap_bo_from_gpuvm refuse with -EBUSY: in Linux 6.12 (KFD 1.17), absent
+# from 6.1 (KFD 1.11), whose CREATE_QUEUE and UPDATE_QUEUE check no queue buffer at all
+QUEUE_BUFFERS_CHECKED_SINCE = 17
 
 SignalPage = namedtuple("SignalPage", "size handle")     # handle None: allocated by the kernel itself
 # where a kfd_event_data holds signal_event_data.last_event_age (the union at its start)
@@ -129,6 +134,9 @@ class SimKfd:
         self.processes = {}
         self.signal_pages = {}        # pid -> SignalPage, once the process has one (kfd_process.signal_page)
         self.mapped_on = {}           # (pid, handle) -> gpu_ids the BO is mapped on (kfd_mem_attachment.is_mapped)
+        # (pid, handle, gpu_id) -> queue_refcount of the BO's mapping in that GPU's VM (struct amdgpu_bo_va,
+        # one per BO and VM), absent where 0: what live queues hold (kfd_queue.c: kfd_queue_buffer_get)
+        self.queue_refs = {}
         self.patched_preempt = False
         self.sysfs = ProcSysfs(kfd_dir / "proc", profile)
         self.smi = SmiHub(profile)
@@ -203,6 +211,8 @@ class SimKfd:
         self.signal_pages.pop(pid, None)
         for key in [k for k in self.mapped_on if k[0] == pid]:
             del self.mapped_on[key]
+        for key in [k for k in self.queue_refs if k[0] == pid]:       # pqm_uninit: kfd_queue_unref_bo_vas
+            del self.queue_refs[key]
         # its SMI fds stay: kfd_smi_ev_release ends a client at its file's last close only (one
         # passed to another process outlives the opener), which the hub sees as the peer's hangup
         self.sysfs.remove_process(pid)
@@ -317,18 +327,80 @@ class SimKfd:
             raise SimErrno(errno.EINVAL, f"no GPU with gpu_id {gpu_id}")
         return dev
 
-    def find_bo(self, proc, addr, size, what):
-        """kfd_queue.c: kfd_queue_buffer_get: `addr` must be where a mapping starts and, unless `size`
-        is under a page (then only the start is checked), the mapping is exactly `size >> 12` pages."""
+    @property
+    def checks_queue_buffers(self):
+        """kfd_queue_acquire_buffers and the BOs' queue_refcount exist (QUEUE_BUFFERS_CHECKED_SINCE)."""
+        return self.abi.minor >= QUEUE_BUFFERS_CHECKED_SINCE
+
+    def find_bo(self, proc, gpu_id, addr, size, what):
+        """kfd_queue.c: kfd_queue_buffer_get: amdgpu_vm_bo_lookup_mapping in the VM of GPU `gpu_id`
+        (the queue's): a BO allocated but not mapped there with MAP_MEMORY_TO_GPU has no mapping in
+        it; `addr` must be where a mapping starts and, unless `size` is under a page (then only the
+        start is checked), the mapping is exactly `size >> 12` pages. Anything else is -EINVAL."""
         pages = size >> 12
         for bo in proc.bos.values():
             if bo.contains(addr):
+                if gpu_id not in self.mapped_on.get((proc.pid, bo.handle), ()):
+                    raise SimErrno(errno.EINVAL, f"{what}: the BO at {bo.va:#x} is not mapped on {gpu_id:#x}")
                 if bo.va != addr:
                     raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is inside a mapping that starts at {bo.va:#x}")
                 if pages and page_align(bo.size) >> 12 != pages:
                     raise SimErrno(errno.EINVAL, f"{what}: mapping is {bo.size} bytes, expected {size}")
                 return bo
         raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is not mapped")
+
+    def queue_buffer_get(self, proc, gpu_id, addr, size, what, taken):
+        """kfd_queue.c: kfd_queue_buffer_get: find_bo, then the mapping's queue_refcount++ (the BO
+        goes into `taken` under `what`, as queue_properties keeps it)."""
+        bo = self.find_bo(proc, gpu_id, addr, size, what)
+        key = (proc.pid, bo.handle, gpu_id)
+        self.queue_refs[key] = self.queue_refs.get(key, 0) + 1
+        taken[what] = bo
+        return bo
+
+    def queue_unref_bo_vas(self, proc, gpu_id, bos):
+        """kfd_queue.c: kfd_queue_unref_bo_vas / kfd_queue_unref_bo_va: for each BO a queue took, its
+        mapping in the queue's GPU VM (amdgpu_vm_bo_find; none once the BO is freed) loses one
+        queue_refcount, never going below 0."""
+        for bo in bos:
+            key = (proc.pid, bo.handle, gpu_id)
+            if proc.bos.get(bo.handle) is bo and self.queue_refs.get(key, 0) > 0:
+                self.queue_refs[key] -= 1
+                if not self.queue_refs[key]:
+                    del self.queue_refs[key]
+
+    def acquire_queue_buffers(self, proc, dev, a, meta, is_compute):
+        """kfd_queue.c: kfd_queue_acquire_buffers, in its order: the write and read pointers (one page
+        each), the ring, then for compute queues the EOP buffer where one is given and the CWSR area
+        (its sizes first). Each is looked up as a GPU VA mapping on the queue's GPU and takes a
+        queue_refcount on it; on an error those taken so far are given back
+        (kfd_queue_unref_bo_vas) and the error returned. Returns the BOs taken."""
+        taken, gpu, cwsr = {}, dev.gpu_id, dev.cwsr
+        try:
+            self.queue_buffer_get(proc, gpu, a.write_pointer_address, 4096, "wptr", taken)
+            self.queue_buffer_get(proc, gpu, a.read_pointer_address, 4096, "rptr", taken)
+            ring = page_align(a.ring_size + meta)
+            self.queue_buffer_get(proc, gpu, a.ring_base_address, ring, "ring", taken)
+            if is_compute and a.eop_buffer_address:
+                # an EOP buffer, where one is given (AQL queues on gfx9.4.x need none), is at least
+                # the node's size and one mapping of that, in pages
+                eop_size = cwsr.eop_buffer_size if cwsr else 4096
+                if a.eop_buffer_size < eop_size:
+                    raise SimErrno(errno.EINVAL, f"eop_buffer_size {a.eop_buffer_size} < the node's {eop_size}")
+                eop = page_align(a.eop_buffer_size)
+                self.queue_buffer_get(proc, gpu, a.eop_buffer_address, eop, "eop", taken)
+            if is_compute and dev.cwsr_enabled:
+                if a.ctl_stack_size != cwsr.ctl_stack_size:
+                    raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
+                if a.ctx_save_restore_size < cwsr.cwsr_size:
+                    raise SimErrno(errno.EINVAL, "ctx_save_restore_size < cwsr_size")
+                mapping = page_align((a.ctx_save_restore_size + cwsr.debug_memory_size) * cwsr.num_xcc)
+                # (the kernel's fallback, an SVM range, does not exist here: SVM is not simulated)
+                self.queue_buffer_get(proc, gpu, a.ctx_save_restore_address, mapping, "cwsr", taken)
+        except SimErrno:
+            self.queue_unref_bo_vas(proc, gpu, taken.values())
+            raise
+        return taken
 
     def execute_queues(self, dev, grace_period=None):
         """HWS: unmap every dynamic queue of the device, then map the active ones again
@@ -366,32 +438,24 @@ class SimKfd:
             if sdma_engine_id >= engines:
                 raise SimErrno(errno.EINVAL)
         is_compute = a.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
-        self.find_bo(proc, a.ring_base_address, page_align(a.ring_size + meta), "ring")
-        self.find_bo(proc, a.read_pointer_address, 4096, "rptr")
-        self.find_bo(proc, a.write_pointer_address, 4096, "wptr")
-        if is_compute and a.eop_buffer_address:
-            # kfd_queue.c: kfd_queue_acquire_buffers: an EOP buffer, where one is given (AQL queues
-            # on gfx9.4.x need none), is at least the node's size and one mapping of that, in pages
-            eop_size = dev.cwsr.eop_buffer_size if dev.cwsr else 4096
-            if a.eop_buffer_size < eop_size:
-                raise SimErrno(errno.EINVAL, f"eop_buffer_size {a.eop_buffer_size} below the node's {eop_size}")
-            self.find_bo(proc, a.eop_buffer_address, page_align(a.eop_buffer_size), "eop buffer")
-        if is_compute and dev.cwsr_enabled:
-            if a.ctl_stack_size != dev.cwsr.ctl_stack_size:
-                raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
-            if a.ctx_save_restore_size < dev.cwsr.cwsr_size:
-                raise SimErrno(errno.EINVAL, "ctx_save_restore_size < cwsr_size")
-            mapping = page_align((a.ctx_save_restore_size + dev.cwsr.debug_memory_size) * dev.cwsr.num_xcc)
-            self.find_bo(proc, a.ctx_save_restore_address, mapping, "ctx save area")
-        if len(proc.queues_on(dev.gpu_id)) >= dev.max_queues_per_process:
-            raise SimErrno(errno.ENOSPC)
-        qid = proc.lowest_free_qid()
-        if qid is None:
-            raise SimErrno(errno.ENOMEM)
+        # kfd_ioctl_create_queue: kfd_queue_acquire_buffers before pqm_create_queue, whose failure
+        # gives the buffers back (err_create_queue: kfd_queue_unref_bo_vas, kfd_queue_release_buffers)
+        taken = {}
+        if self.checks_queue_buffers:
+            taken = self.acquire_queue_buffers(proc, dev, a, meta, is_compute)
+        try:
+            if len(proc.queues_on(dev.gpu_id)) >= dev.max_queues_per_process:
+                raise SimErrno(errno.ENOSPC)
+            qid = proc.lowest_free_qid()
+            if qid is None:
+                raise SimErrno(errno.ENOMEM)
+        except SimErrno:
+            self.queue_unref_bo_vas(proc, dev.gpu_id, taken.values())
+            raise
         q = SimQueue(qid, dev.gpu_id, a.queue_type, a.ring_base_address, a.ring_size,
                      a.write_pointer_address, a.read_pointer_address, a.ctx_save_restore_address,
                      a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
-                     (a.queue_percentage >> 8) & 0xFF, meta)
+                     (a.queue_percentage >> 8) & 0xFF, meta, buffers=taken)
         q.is_evicted = proc.evicted_since is not None
         # kfd_device_queue_manager.c: create_queue_cpsch: a debugged process's new queue on a
         # GC 11.0.0-11.0.3 device starts under the debugger's CU workaround
@@ -420,6 +484,10 @@ class SimKfd:
 
     def destroy_queue(self, proc, a, mem, uid):
         q = self.find_queue(proc, a.queue_id, errno.EINVAL)
+        # kfd_process_queue_manager.c: pqm_destroy_queue gives back the queue_refcount of its buffers'
+        # mappings (kfd_queue_unref_bo_vas) before dqm's destroy_queue, so they drop even while that
+        # sleeps on a suspended queue, and again on a second destroy's EBUSY (never below 0)
+        self.queue_unref_bo_vas(proc, q.gpu_id, q.buffers.values())
         # kfd_process_queue_manager.c: pqm_destroy_queue removes the queue's procfs entry before
         # dqm's destroy_queue, which may sleep on a suspended queue (or refuse a second destroy):
         # the entry is gone while the queue still exists
@@ -447,6 +515,7 @@ class SimKfd:
     def _remove_queue(self, proc, q):
         q.sync_progress()
         proc.queues.pop(q.qid, None)
+        q.buffers = {}                                   # kfd_queue_release_buffers
         self.sysfs.remove_queue(proc.pid, q.qid)
 
     def update_queue(self, proc, a, mem, uid):
@@ -459,13 +528,21 @@ class SimKfd:
             raise SimErrno(errno.EINVAL)
         ring_size = max(a.ring_size, c.KFD_MIN_QUEUE_RING_SIZE)
         q = self.find_queue(proc, a.queue_id)
-        if a.ring_base_address and ring_size:
-            try:
-                # pqm_update_queue_properties passes the size as it is: under a page only the start counts
-                self.find_bo(proc, a.ring_base_address, ring_size + q.metadata_ring_size, "ring")
-            except SimErrno:
-                raise SimErrno(errno.EFAULT, "ring address/size is not the queue's mapped ring") from None
         dev = self.devices[q.gpu_id]
+        if self.checks_queue_buffers and a.ring_base_address and ring_size:
+            # kfd_process_queue_manager.c: pqm_update_queue_properties: the new ring is looked up in
+            # the queue's GPU VM (kfd_queue_buffer_get, which passes the size as it is: under a page
+            # only the start counts), -EFAULT if it is not one mapping of that size; then the old
+            # ring's mapping gives back its queue_refcount (kfd_queue_unref_bo_va) and the new one
+            # keeps the one just taken. A NULL ring (disabling the queue) keeps the old ring's.
+            taken = {}
+            try:
+                self.queue_buffer_get(proc, q.gpu_id, a.ring_base_address, ring_size + q.metadata_ring_size,
+                                      "ring", taken)
+            except SimErrno:
+                raise SimErrno(errno.EFAULT, "the ring is not one mapping of its size on the queue's GPU") from None
+            self.queue_unref_bo_vas(proc, q.gpu_id, [q.buffers["ring"]] if "ring" in q.buffers else [])
+            q.buffers["ring"] = taken["ring"]
         if proc.has_reset_queue and not dev.uses_mes:
             raise SimErrno(errno.EACCES)
         q.sync_progress()
@@ -565,7 +642,9 @@ class SimKfd:
         """kfd_chardev.c: kfd_ioctl_free_memory_of_gpu: the process's signal page BO -> EPERM; no
         device for the handle's gpu_id, or no such idr handle -> EINVAL; a BO still mapped on a GPU
         -> EBUSY and the handle stays (amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_free_memory_of_gpu
-        checks mapped_to_gpu_memory before anything is released)."""
+        checks mapped_to_gpu_memory before anything is released). That is also what refuses to free
+        a live queue's buffer from 6.12 on: it stays mapped, its unmap being -EBUSY (map_memory);
+        the free path itself never looks at queue_refcount."""
         page = self.signal_pages.get(proc.pid)
         if page is not None and page.handle == a.handle:
             raise SimErrno(errno.EPERM)
@@ -588,7 +667,9 @@ class SimKfd:
         bad gpu_id part-way leaves n_success at the devices done (copied back with the EINVAL).
         Mapping where the BO is mapped already does nothing; unmapping where it is not mapped
         is -EINVAL (amdgpu_amdkfd_gpuvm.c: amdgpu_amdkfd_gpuvm_unmap_memory_from_gpu, "the BO
-        wasn't actually mapped")."""
+        wasn't actually mapped"), and where a queue holds its mapping on that GPU (the bo_va's
+        queue_refcount, kfd_queue.c: kfd_queue_buffer_get; 6.12 on) -EBUSY (unmap_bo_from_gpuvm):
+        it stays mapped there, n_success counting the devices done before."""
         if a.n_devices == 0 or a.n_success > a.n_devices:
             raise SimErrno(errno.EINVAL)
         raw = mem.read(a.device_ids_array_ptr, 4 * a.n_devices)
@@ -602,6 +683,8 @@ class SimKfd:
             gpu_id = int.from_bytes(raw[4 * i:4 * i + 4], "little")
             if gpu_id not in proc.gpu_ids or (unmap and gpu_id not in mapped_on):
                 raise SimErrno(errno.EINVAL)
+            if unmap and self.queue_refs.get((proc.pid, a.handle, gpu_id)):
+                raise SimErrno(errno.EBUSY, f"a queue uses this BO's mapping on GPU {gpu_id:#x}")
             (mapped_on.discard if unmap else mapped_on.add)(gpu_id)
             a.n_success = i + 1
         return 0

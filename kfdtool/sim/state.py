@@ -25,6 +25,10 @@ class SimQueue:
     priority: int
     pm4_target_xcc: int = 0
     metadata_ring_size: int = 0
+    # the BOs kfd_queue_acquire_buffers took (queue_properties' wptr_bo, rptr_bo, ring_bo,
+    # eop_buf_bo, cwsr_bo): name -> memory.BufferObject, each holding one queue_refcount on its
+    # mapping in the queue's GPU VM until kfd_queue_unref_bo_vas; empty before 6.12 (KFD 1.17)
+    buffers: dict = field(default_factory=dict)
     exception_status: int = c.KFD_EC_MASK(c.EC_QUEUE_NEW)
     is_suspended: bool = False
     is_evicted: bool = False

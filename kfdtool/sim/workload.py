@@ -31,22 +31,36 @@ class FakeRuntime:
         self.next_va = 0x1000_0000_0000
         self.queues = {}              # qid -> {gpu_id, ring_base, ring_size, ...}
         self.handles = []
+        self.mapped = {}              # handle -> gpu_id we mapped it on (hsaKmtMapMemoryToGPU)
         self.runtime_enabled = False  # we turned the runtime on: close() turns it off
         if runtime_enable and kfd.supports("RUNTIME_ENABLE"):
             kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, c.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK, 0))
             self.runtime_enabled = True
 
-    def alloc(self, gpu_id, size, flags=GTT):
+    def alloc(self, gpu_id, size, flags=GTT, map_to_gpu=False):
+        """hsaKmtAllocMemory (ALLOC_MEMORY_OF_GPU); with map_to_gpu, then hsaKmtMapMemoryToGPU on
+        `gpu_id` as well."""
         va = self.next_va
         self.next_va += page_align(size) + (1 << 21)
         args = s.kfd_ioctl_alloc_memory_of_gpu_args(va_addr=va, size=size, gpu_id=gpu_id, flags=flags)
         self.kfd.ioctl("ALLOC_MEMORY_OF_GPU", args)
         self.handles.append(args.handle)
+        if map_to_gpu:
+            self.map_to_gpu(args.handle, gpu_id)
         return va
 
+    def map_to_gpu(self, handle, gpu_id):
+        """MAP_MEMORY_TO_GPU of one BO on one GPU, as libhsakmt's hsaKmtMapMemoryToGPU."""
+        ids = (ctypes.c_uint32 * 1)(gpu_id)
+        self.kfd.ioctl("MAP_MEMORY_TO_GPU", s.kfd_ioctl_map_memory_to_gpu_args(
+            handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
+        self.mapped[handle] = gpu_id
+
     def create_queue(self, gpu_id, queue_type=c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, priority=7, ring_size=DEFAULT_RING):
-        ring = self.alloc(gpu_id, ring_size)
-        rptr, wptr = self.alloc(gpu_id, 4096), self.alloc(gpu_id, 4096)
+        """ROCr's and libhsakmt's queue creation: every buffer of the queue allocated and mapped on
+        its GPU before CREATE_QUEUE (a kernel from 6.12 on looks each up as a GPU VA mapping)."""
+        ring = self.alloc(gpu_id, ring_size, map_to_gpu=True)
+        rptr, wptr = self.alloc(gpu_id, 4096, map_to_gpu=True), self.alloc(gpu_id, 4096, map_to_gpu=True)
         args = self.kfd.abi.layout("kfd_ioctl_create_queue_args")(
             ring_base_address=ring, write_pointer_address=wptr, read_pointer_address=rptr, ring_size=ring_size,
             gpu_id=gpu_id, queue_type=queue_type, queue_percentage=100, queue_priority=priority)
@@ -54,7 +68,7 @@ class FakeRuntime:
         sizes = save_area_sizes(self.topology.find_gpu(gpu_id).props) if compute else None
         if sizes:
             ctx_save_restore_size, ctl_stack_size, mapping = sizes
-            args.ctx_save_restore_address = self.alloc(gpu_id, mapping)
+            args.ctx_save_restore_address = self.alloc(gpu_id, mapping, map_to_gpu=True)
             args.ctx_save_restore_size = ctx_save_restore_size
             args.ctl_stack_size = ctl_stack_size
         self.kfd.ioctl("CREATE_QUEUE", args)
@@ -69,13 +83,19 @@ class FakeRuntime:
 
     def close(self):
         """What ROCr's hsa_shut_down does: destroy our queues (a suspended queue of a debugged
-        process makes that wait for its resume), free our memory and turn the runtime off (which,
-        while a debugger is attached, waits for the debugger to answer)."""
+        process makes that wait for its resume), unmap and free our memory and turn the runtime off
+        (which, while a debugger is attached, waits for the debugger to answer)."""
         for qid in list(self.queues):
             self.destroy_queue(qid)
         for handle in self.handles:
+            gpu_id = self.mapped.pop(handle, None)
+            if gpu_id is not None:                # a mapped BO cannot be freed (EBUSY)
+                ids = (ctypes.c_uint32 * 1)(gpu_id)
+                self.kfd.ioctl("UNMAP_MEMORY_FROM_GPU", s.kfd_ioctl_unmap_memory_from_gpu_args(
+                    handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
             self.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
         self.handles.clear()
+        self.mapped.clear()
         if self.runtime_enabled:
             self.runtime_enabled = False
             self.kfd.ioctl("RUNTIME_ENABLE", s.kfd_ioctl_runtime_enable_args(0, 0, 0))
