@@ -464,25 +464,34 @@ def test_before_7_2_signals_sent_during_the_windows_reach_the_target(old_rule_si
     try:
         assert target.stdout.readline() == b"ready\n"
         mech = DebugTrapSuspend(kfd, target.pid)
-        lost = []
+        mech.suspend()                  # learns the rule first: from here on every op has its window
+        mech.resume()
+        assert mech.ptrace_each_call
+        lost, sent, enough = [], [0], threading.Event()
 
-        def send(count):
-            for _ in range(count):
+        def send():
+            # until the loop below has made enough rounds: a busy host makes the first rounds slow,
+            # and a fixed count of signals was once all answered within a single round
+            while not enough.is_set():
                 os.kill(target.pid, signal.SIGUSR2)
                 ready, _, _ = select.select([target.stdout], [], [], 2.0)
                 if ready:
                     os.read(target.stdout.fileno(), 1)
                 else:
                     lost.append(1)
-        sender = threading.Thread(target=send, args=(500,))
+                sent[0] += 1
+        sender = threading.Thread(target=send)
         sender.start()
-        rounds = 0
-        while sender.is_alive():
-            mech.suspend()
-            mech.resume()
-            rounds += 1
-        sender.join()
-        assert mech.ptrace_each_call and rounds > 10 and not lost, (rounds, len(lost))
+        rounds, deadline = 0, time.monotonic() + 60
+        try:
+            while (rounds < 20 or sent[0] < 300) and time.monotonic() < deadline:
+                mech.suspend()
+                mech.resume()
+                rounds += 1
+        finally:
+            enough.set()
+            sender.join()
+        assert rounds >= 20 and sent[0] >= 300 and not lost, (rounds, sent[0], len(lost))
         os.kill(target.pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
         while target.poll() is None and time.monotonic() < deadline:
