@@ -136,13 +136,15 @@ def test_create_queue_validation(client, field, value, err):
 
 def test_an_eop_buffer_given_must_be_one_mapping_of_at_least_the_nodes_size(client):
     """kfd_queue.c: kfd_queue_acquire_buffers: where eop_buffer_address is set, eop_buffer_size
-    below the node's (4096 off Tonga) is -EINVAL, and so is an address that is not where a mapping
-    of that size starts (kfd_queue_buffer_get). No EOP buffer at all is fine (libhsakmt's AQL
+    below the node's (4096 off Tonga) is -EINVAL, and so is an address that is not in the first
+    page of a mapping of that size (kfd_queue_buffer_get compares page numbers: an address inside
+    the mapping's first page, eop + 0x100, is taken). No EOP buffer at all is fine (libhsakmt's AQL
     queues on gfx9.4.x)."""
     rt, gpu = client.rt, client.gpus[0]
     qid = rt.create_queue(gpu)
     snap, buf = client_snapshot(client)
     eop = rt.alloc(gpu, 4096, map_to_gpu=True)
+    two_pages = rt.alloc(gpu, 8192, map_to_gpu=True)
 
     def create(address, size):
         args = s.kfd_ioctl_create_queue_args(
@@ -153,12 +155,13 @@ def test_an_eop_buffer_given_must_be_one_mapping_of_at_least_the_nodes_size(clie
             eop_buffer_address=address, eop_buffer_size=size)
         client.kfd.ioctl("CREATE_QUEUE", args)
         return args.queue_id
-    for address, size in [(eop, 2048), (eop + 0x100, 4096), (eop + (16 << 20), 4096), (eop, 8192)]:
+    for address, size in [(eop, 2048), (two_pages + 4096, 4096), (eop + (16 << 20), 4096), (eop, 8192)]:
         with pytest.raises(errors.KfdIoctlError) as info:
             create(address, size)
         assert info.value.errno == errno.EINVAL, (hex(address), size)
-    made = create(eop, 4096)
-    client.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(queue_id=made))
+    for address in (eop, eop + 0x100):
+        made = create(address, 4096)
+        client.kfd.ioctl("DESTROY_QUEUE", s.kfd_ioctl_destroy_queue_args(queue_id=made))
 
 
 @pytest.mark.parametrize("asked", [0, 512])
@@ -183,9 +186,9 @@ def test_a_ring_below_the_minimum_is_clamped_and_said(client, asked):
 
 
 def test_queue_buffers_must_start_their_mapping(client):
-    """kfd_queue.c: kfd_queue_buffer_get wants the address where a mapping starts, and the mapping
-    exactly the expected number of pages, unless that is under a page (then only the start is
-    checked): a ring 4 KiB into an 8 KiB buffer is EINVAL at CREATE_QUEUE, and UPDATE_QUEUE with a
+    """kfd_queue.c: kfd_queue_buffer_get wants an address in the page where a mapping starts, and
+    the mapping exactly the expected number of pages, unless that is under a page (then only the
+    start is checked): a ring 4 KiB into an 8 KiB buffer is EINVAL at CREATE_QUEUE, and UPDATE_QUEUE with a
     ring size under a page (pqm_update_queue_properties passes it unaligned) accepts the queue's own
     larger ring."""
     rt, gpu = client.rt, client.gpus[0]

@@ -146,7 +146,10 @@ class SimBackend:
     (DESTROY_QUEUE of a suspended queue) blocks only its own thread. A forked child that uses the
     inherited object gets connections of its own, on any thread, that never send "O": the
     server sees a process that is not the opener and answers as the kernel does (EBADF, or
-    ENOTTY for an unknown nr), and the child's replies never mix with the parent's."""
+    ENOTTY for an unknown nr), and the child's replies never mix with the parent's. Each "O" names
+    the thread that sends it, whose calls the connection then carries: DBG_TRAP's ptrace test
+    compares the target's tracer with the calling thread (kfd_chardev.c: kfd_ioctl_set_debug_trap,
+    ptrace_parent(target->lead_thread) != current)."""
 
     def __init__(self, socket_path):
         self.socket_path = socket_path
@@ -166,7 +169,9 @@ class SimBackend:
         if channel is None or self._local.pid != pid:      # a new thread, or a forked child
             channel = Channel(self.socket_path)
             if pid == self.opener_pid:
-                spoken = channel.call_json(b"O").get("protocol")
+                # the thread that opens it makes its calls: the kernel's `current` for them
+                opening = b"O" + json.dumps({"tid": threading.get_native_id()}).encode()
+                spoken = channel.call_json(opening).get("protocol")
                 if spoken != PROTOCOL:
                     channel.close()
                     raise SimulatorError(f"the simulated KFD at {self.socket_path} speaks protocol {spoken or 1}, "

@@ -23,6 +23,11 @@ HSA_CAP2_TRAP_DEBUG_LDS_OUT_OF_ADDR_RANGE_SUPPORTED = 0x00000002
 class DbgTrap:
     def __init__(self, kfd):
         self.kfd = kfd
+        # The kernel's `current` for the call being made: the calling thread's id where the server
+        # knows it (the tid the caller's connection was opened with, checked to be a thread of the
+        # calling process), else None and the calling process stands for its thread. ptrace
+        # attaches a thread to a thread: ptrace_parent(task) is the task (thread) that attached.
+        self.current_tid = None
 
     # --- RUNTIME_ENABLE ---------------------------------------------------------------------------
     def runtime_enable(self, proc, a, mem, uid):
@@ -69,20 +74,30 @@ class DbgTrap:
         kfd = self.kfd
         if kfd.params.get("sched_policy", 0) == 2:
             raise SimErrno(errno.EINVAL, "no HWS")
-        target = kfd.processes.get(a.pid)
-        if target is None and a.op == OPS.KFD_IOC_DBG_TRAP_ENABLE and ptrace_parent(a.pid) == caller.pid:
-            target = kfd.create_process(a.pid)    # ENABLE by the ptrace parent creates the kfd_process
+        # kfd_chardev.c: kfd_ioctl_set_debug_trap. `current` is the calling thread: ptrace_parent(task)
+        # is the thread that attached (kernel/ptrace.c: ptrace_attach links the tracee to `current`),
+        # which /proc/<tid>/status prints as TracerPid. Where the server does not know the calling
+        # thread, its process stands for it (right when the caller is its process's main thread)
+        current = self.current_tid or caller.pid
+        target = self._lookup(a.pid)
+        # ENABLE: `thread` is the task args->pid names (any thread of a process, in the kernel's
+        # get_pid_task); when it is not `current` and its tracer is `current`, kfd_create_process
+        # makes the kfd_process of its thread group
+        if (target is None and a.op == OPS.KFD_IOC_DBG_TRAP_ENABLE and a.pid != current
+                and ptrace_parent(a.pid) == current):
+            target = kfd.create_process(_thread_group(a.pid) or a.pid)
         if target is None:
             raise SimErrno(errno.ESRCH)
-        # kfd_ioctl_set_debug_trap: self, the ptrace parent, or (7.2) the debugger that did ENABLE;
-        # before 7.2 any process may DISABLE, and every other op needs the ptrace parent ("not
-        # PTRACED"). The pure tests go first: the one that reads /proc (~0.1 ms here) would cost a
-        # debugger's every SUSPEND/RESUME otherwise
+        # self (target != p: the fd's process), the ptrace parent of the target's main thread
+        # (ptrace_parent(target->lead_thread) != current: the calling thread, not its process), or
+        # (7.2) the debugger that did ENABLE; before 7.2 any process may DISABLE, and every other op
+        # needs the ptrace parent ("not PTRACED"). The pure tests go first: the one that reads /proc
+        # (~0.1 ms here) would cost a debugger's every SUSPEND/RESUME otherwise
         if kfd.profile.debugger_keeps_the_role:
             allowed = target is caller or target.debugger is caller
         else:
             allowed = target is caller or a.op == OPS.KFD_IOC_DBG_TRAP_DISABLE
-        if not (allowed or ptrace_parent(target.pid) == caller.pid):
+        if not (allowed or ptrace_parent(target.pid) == current):
             raise SimErrno(errno.EPERM)
         op = a.op
         if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:
@@ -103,6 +118,17 @@ class DbgTrap:
         if handler is None:             # not simulated: wave launch, watches, exception info
             raise SimErrno(errno.EINVAL if op > OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT else errno.EOPNOTSUPP)
         return handler(caller, target, a, mem)
+
+    def _lookup(self, pid):
+        """kfd_process.c: kfd_lookup_process_by_pid: the task `pid` names, which may be any thread of
+        a process, finds its kfd_process by mm. A pid that is no KFD process's is looked up as a
+        thread only then (a /proc read): every call naming a KFD process by its pid costs nothing."""
+        target = self.kfd.processes.get(pid)
+        if target is None:
+            tgid = _thread_group(pid)
+            if tgid is not None and tgid != pid:
+                target = self.kfd.processes.get(tgid)
+        return target
 
     def enable(self, caller, target, a, mem):
         # kfd_ioctl_set_debug_trap names the caller the target's debugger_process *before*
@@ -153,12 +179,30 @@ class DbgTrap:
         return 0
 
     def _deactivate(self, target):
-        """kfd_dbg_trap_deactivate (not an unwind): every suspended queue is resumed
-        (resume_queues(target, 0, NULL)), the debug flags are cleared and the CU workaround goes."""
+        """kfd_debug.c: kfd_dbg_trap_deactivate(target, false, 0), in its order: every suspended
+        queue is resumed (resume_queues(target, 0, NULL)); the wave launch mode is set back to normal
+        (kfd_dbg_trap_set_wave_launch_mode(target, 0)) and the SET_FLAGS flags to 0
+        (kfd_dbg_trap_set_flags(target, &flags) with flags 0), each of which refreshes the runlist of
+        every per-VMID HWS device of the target, whatever the flags were (0 passes every capability
+        check, and neither compares old with new); then per device, the debug VMID is released on
+        one without per-VMID debugging (release_debug_trap_vmid: an unmap, SET_RESOURCES and a map)
+        and a per-VMID HWS device's runlist is refreshed again (debug_refresh_runlist, which returns
+        before unmapping anything on the others). On MES each of those is a set_shader_debugger
+        call that unmaps nothing (kfd_dbg_set_mes_debug_mode). Last the CU workaround goes
+        (kfd_dbg_set_workaround(target, false))."""
+        self._resume(target, None)
+        devices = [self.kfd.devices[gpu] for gpu in target.gpu_ids]
+        refreshed = [dev for dev in devices if _is_per_vmid_supported(dev) and not dev.uses_mes]
+        for dev in refreshed:                     # kfd_dbg_trap_set_wave_launch_mode(target, 0)
+            self.kfd.execute_queues(dev)
+        target.dbg_flags = 0                      # kfd_dbg_trap_set_flags(target, 0)
+        for dev in refreshed:
+            self.kfd.execute_queues(dev)
+        for dev in devices:                       # release_debug_trap_vmid / debug_refresh_runlist
+            if not dev.uses_mes:
+                self.kfd.execute_queues(dev)
         for q in target.queues.values():
             q.is_dbg_wa = False
-        self._resume(target, None)
-        target.dbg_flags = 0                      # kfd_dbg_trap_set_flags(target, 0)
 
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
@@ -168,7 +212,7 @@ class DbgTrap:
         and EC_PROCESS_RUNTIME included), so a target sleeping in RUNTIME_ENABLE stays asleep with
         nothing left for a next debugger to see: only SEND_RUNTIME_EVENT wakes it. Only a target
         whose runtime is on is deactivated (its queues resumed: one whose runtime is off had them
-        resumed when it went off); the deactivation's own runlist refreshes are not modelled."""
+        resumed when it went off), with its runlist refreshes (_deactivate)."""
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:
             self._deactivate(target)
         elif target.runtime_state != c.DEBUG_RUNTIME_STATE_DISABLED:
@@ -429,12 +473,23 @@ def _fd_is_open(pid, fd):
 
 
 def ptrace_parent(pid):
-    """The kernel's ptrace_parent(task), read from /proc/<pid>/status (0: not traced)."""
+    """The kernel's ptrace_parent(task) for the task (thread) `pid` names, read from
+    /proc/<pid>/status: the id of the thread that attached (fs/proc/array.c: task_state prints
+    task_pid_nr_ns(tracer): a thread id, not its process's), 0 when not traced."""
+    return _status_field(pid, "TracerPid:") or 0
+
+
+def _thread_group(pid):
+    """The process (thread group id) of the thread `pid` names, None if there is none."""
+    return _status_field(pid, "Tgid:")
+
+
+def _status_field(pid, name):
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("TracerPid:"):
+                if line.startswith(name):
                     return int(line.split()[1])
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None

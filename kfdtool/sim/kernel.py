@@ -46,6 +46,30 @@ VRAM_AVAILABILITY_ALIGN = 2 << 20    # amdgpu_amdkfd.h: VRAM_AVAILABLITY_ALIGN (
 # amdgpu_amdkfd_gpuvm.c: unmap_bo_from_gpuvm refuse with -EBUSY: in Linux 6.12 (KFD 1.17), absent
 # from 6.1 (KFD 1.11), whose CREATE_QUEUE and UPDATE_QUEUE check no queue buffer at all
 QUEUE_BUFFERS_CHECKED_SINCE = 17
+# kfd_device_queue_manager.c: update_queue's "queue is reset so inaccessable" -EACCES
+# (pdd->has_reset_queue, set by kfd_hws_hang / set_queue_as_reset): in 6.12 (KFD 1.17), not in 6.1
+RESET_QUEUE_EACCES_SINCE = 17
+# kfd_device_queue_manager.c: allocate_doorbell: an SDMA queue's doorbell indexes amdgpu's
+# sdma_doorbell_idx[] at node_id * get_num_all_sdma_engines + sdma_engine_id (6.12: partitions), and
+# on GC 9.4.3 / 9.4.4 / 9.5.0 aligns the engine's first index to KFD_SDMA_SHADER_DOORBELL_GRANULARITY;
+# 6.1 indexes it at sdma_engine_id alone and aligns nothing
+SDMA_DOORBELL_PER_NODE_SINCE = 17
+KFD_QUEUE_DOORBELL_MIRROR_OFFSET = 512           # kfd_priv.h
+KFD_SDMA_SHADER_DOORBELL_GRANULARITY = 4         # kfd_priv.h (6.12)
+SOC15_DOORBELL_SIZE = 8                          # kfd_device.c: device_info.doorbell_size, gfx9 (SOC15) on
+# amdgpu's doorbell_index.sdma_engine[] (qword indices). vega10_doorbell_index_init (soc15.c: every
+# gfx9 but Vega20, Arcturus, Aldebaran and aqua_vanjaram): AMDGPU_DOORBELL64_sDMA_ENGINE0/1. Every
+# other layout puts engine i at 0x100 + 10 * i: vega20_doorbell_index_init, nv_init_doorbell_index,
+# soc21_init_doorbell_index and soc24_init_doorbell_index (AMDGPU_VEGA20_ / AMDGPU_NAVI10_
+# DOORBELL_sDMA_ENGINEi), aqua_vanjaram_doorbell_index_init (AMDGPU_DOORBELL_LAYOUT1_sDMA_ENGINE_START
+# + i * (sdma_doorbell_range 20 >> 1), for every SDMA instance of the GPU, all its partitions')
+VEGA10_SDMA_DOORBELLS = (0xF0, 0xF2)
+SDMA_DOORBELLS = tuple(0x100 + 10 * i for i in range(16))
+VEGA20_DOORBELL_LAYOUT = (90006, 90008, 90010)    # Vega20, Arcturus, Aldebaran
+# SDMA counts of a node whose topology does not print them (a capture of a kernel older than
+# num_sdma_engines & co.): kfd_device.c: kfd_device_info_set_sdma_info gives SDMA 4.0.0 (Vega10) 2
+# queues per engine; sdma_v4_0.c: Vega10 has 2 instances
+UNPUBLISHED_SDMA = {90000: (2, 0, 2)}
 
 SignalPage = namedtuple("SignalPage", "size handle")     # handle None: allocated by the kernel itself
 # where a kfd_event_data holds signal_event_data.last_event_age (the union at its start)
@@ -77,6 +101,52 @@ class SimEvent:
     age: int = 1
 
 
+@dataclass(frozen=True)
+class SdmaLayout:
+    """What the device queue manager knows of a node's SDMA engines (kfd_device_queue_manager.c:
+    get_num_sdma_queues, init_sdma_bitmaps, allocate_doorbell)."""
+    engines: int                 # kfd_get_num_sdma_engines: PCIe-optimised, engine ids 0..engines-1
+    xgmi_engines: int            # kfd_get_num_xgmi_sdma_engines: the ids after them
+    queues_per_engine: int       # device_info.num_sdma_queues_per_engine, the reserved ones included
+    reserved: int                # num_reserved_sdma_queues_per_engine: sdma_bitmap's first engines * reserved
+                                 # bits are masked out (reserved_sdma_queues_bitmap; SDMA 6.x / 7.x)
+    doorbells: tuple             # each engine's first doorbell index (qwords); () before SOC15
+
+    @classmethod
+    def of(cls, node, node_id, abi_minor):
+        props, gfxv = node.props, node.gfx_target_version
+        if "num_sdma_engines" in props:
+            # kfd_topology.c: kfd_topology_add_device publishes num_sdma_queues_per_engine without the
+            # reserved queues
+            engines, xgmi = props["num_sdma_engines"], props.get("num_sdma_xgmi_engines", 0)
+            published = props.get("num_sdma_queues_per_engine", 0)
+        else:
+            engines, xgmi, published = UNPUBLISHED_SDMA.get(gfxv, (0, 0, 0))
+        # kfd_device.c: kfd_device_info_set_sdma_info: SDMA 6.x and 7.x (GC 11 and 12) keep one queue
+        # per engine for paging and one for gfx
+        reserved = 2 if gfxv >= 110000 else 0
+        doorbells = ()
+        if gfxv >= 90000:                                        # KFD_IS_SOC15
+            table = (VEGA10_SDMA_DOORBELLS if gfxv < 100000 and gfxv not in VEGA20_DOORBELL_LAYOUT
+                     and not 90400 <= gfxv < 90600 else SDMA_DOORBELLS)
+            first = node_id * (engines + xgmi) if abi_minor >= SDMA_DOORBELL_PER_NODE_SINCE else 0
+            doorbells = table[first:first + engines + xgmi]
+            if 90400 <= gfxv < 90600 and abi_minor >= SDMA_DOORBELL_PER_NODE_SINCE:
+                g = KFD_SDMA_SHADER_DOORBELL_GRANULARITY
+                doorbells = tuple(-(-base // g) * g for base in doorbells)
+        return cls(engines, xgmi, published + reserved, reserved, doorbells)
+
+
+def partition_index(node, nodes):
+    """kfd_node.node_id, the node's partition of its GPU: kfd_topology.c: kfd_topology_add_device
+    publishes location_id = pci_dev_id | node_id where the GPU has several nodes, so it is the node's
+    location_id less the lowest one among the nodes of its GPU (same domain, unique_id and bus)."""
+    def gpu(n):
+        return n.props.get("domain"), n.props.get("unique_id"), n.props.get("location_id", 0) >> 8
+    siblings = [n.props.get("location_id", 0) for n in nodes if gpu(n) == gpu(node)]
+    return node.props.get("location_id", 0) - min(siblings)
+
+
 @dataclass(eq=False)
 class SimDevice:
     gpu_id: int
@@ -86,6 +156,8 @@ class SimDevice:
     uses_mes: bool                   # gfx11+: MES firmware, no HWS runlists, grace period ignored
     max_queues_per_process: int
     remaps: int = 0                  # device-wide unmap+map cycles (HWS runlist refreshes)
+    node_id: int = 0                 # kfd_node.node_id: its partition of the GPU (0 unpartitioned)
+    sdma: SdmaLayout = None
 
     @property
     def gfx_target_version(self):
@@ -125,12 +197,15 @@ class SimKfd:
         self.params = parameters
         kfd_dir = Path(sysfs_root) / "class" / "kfd" / "kfd"
         self.devices = {}
-        for node in read_gpu_nodes(kfd_dir / "topology"):      # the topology this kernel published
+        nodes = read_gpu_nodes(kfd_dir / "topology")         # the topology this kernel published
+        for node in nodes:
             gfxv = node.gfx_target_version
             sizes = node_cwsr(node.props)
+            node_id = partition_index(node, nodes)
             self.devices[node.gpu_id] = SimDevice(
                 node.gpu_id, node, sizes, bool(parameters.get("cwsr_enable", 1)) and sizes is not None,
-                gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127)
+                gfxv >= 110000, 255 if gfxv in (90403, 90402, 90404, 90500) else 127,
+                node_id=node_id, sdma=SdmaLayout.of(node, node_id, self.abi.minor))
         self.processes = {}
         self.signal_pages = {}        # pid -> SignalPage, once the process has one (kfd_process.signal_page)
         self.mapped_on = {}           # (pid, handle) -> gpu_ids the BO is mapped on (kfd_mem_attachment.is_mapped)
@@ -333,19 +408,26 @@ class SimKfd:
         return self.abi.minor >= QUEUE_BUFFERS_CHECKED_SINCE
 
     def find_bo(self, proc, gpu_id, addr, size, what):
-        """kfd_queue.c: kfd_queue_buffer_get: amdgpu_vm_bo_lookup_mapping in the VM of GPU `gpu_id`
-        (the queue's): a BO allocated but not mapped there with MAP_MEMORY_TO_GPU has no mapping in
-        it; `addr` must be where a mapping starts and, unless `size` is under a page (then only the
-        start is checked), the mapping is exactly `size >> 12` pages. Anything else is -EINVAL."""
-        pages = size >> 12
+        """kfd_queue.c: kfd_queue_buffer_get, which works in GPU pages (AMDGPU_GPU_PAGE_SHIFT 12):
+        amdgpu_vm_bo_lookup_mapping(vm, addr >> 12) in the VM of GPU `gpu_id` (the queue's) finds the
+        mapping holding that page (a BO allocated but not mapped there with MAP_MEMORY_TO_GPU has none
+        in it); the page must be the mapping's first (`user_addr != mapping->start`: an address
+        anywhere inside the first page passes) and, unless `size >> 12` is 0 (then only the start is
+        checked), the mapping's last page must be `size >> 12 - 1` pages further
+        (`user_addr + size - 1 != mapping->last`). Anything else is -EINVAL."""
+        page, pages = addr >> 12, size >> 12
         for bo in proc.bos.values():
-            if bo.contains(addr):
+            first = bo.va >> 12                          # a mapping covers the BO's whole pages
+            last = first + (page_align(bo.size) >> 12) - 1
+            if first <= page <= last:
                 if gpu_id not in self.mapped_on.get((proc.pid, bo.handle), ()):
                     raise SimErrno(errno.EINVAL, f"{what}: the BO at {bo.va:#x} is not mapped on {gpu_id:#x}")
-                if bo.va != addr:
-                    raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is inside a mapping that starts at {bo.va:#x}")
-                if pages and page_align(bo.size) >> 12 != pages:
-                    raise SimErrno(errno.EINVAL, f"{what}: mapping is {bo.size} bytes, expected {size}")
+                if page != first:
+                    raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is past the first page of a mapping "
+                                                 f"that starts at {bo.va:#x}")
+                if pages and page + pages - 1 != last:
+                    raise SimErrno(errno.EINVAL, f"{what}: mapping is {last - first + 1} pages, "
+                                                 f"expected {pages}")
                 return bo
         raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is not mapped")
 
@@ -379,7 +461,11 @@ class SimKfd:
         try:
             self.queue_buffer_get(proc, gpu, a.write_pointer_address, 4096, "wptr", taken)
             self.queue_buffer_get(proc, gpu, a.read_pointer_address, 4096, "rptr", taken)
-            ring = page_align(a.ring_size + meta)
+            # the ring as expected_queue_size: PAGE_ALIGN(queue_size + metadata_queue_size) in 7.2,
+            # queue_size as given in 6.12 (under a page: only the ring's start is checked)
+            ring = a.ring_size + meta
+            if self.profile.queue_size_page_aligned:
+                ring = page_align(ring)
             self.queue_buffer_get(proc, gpu, a.ring_base_address, ring, "ring", taken)
             if is_compute and a.eop_buffer_address:
                 # an EOP buffer, where one is given (AQL queues on gfx9.4.x need none), is at least
@@ -434,8 +520,7 @@ class SimKfd:
         dev = self.device(a.gpu_id)
         sdma_engine_id = getattr(a, "sdma_engine_id", 0)
         if a.queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID:
-            engines = dev.node.props.get("num_sdma_engines", 0) + dev.node.props.get("num_sdma_xgmi_engines", 0)
-            if sdma_engine_id >= engines:
+            if sdma_engine_id >= dev.sdma.engines + dev.sdma.xgmi_engines:
                 raise SimErrno(errno.EINVAL)
         is_compute = a.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
         # kfd_ioctl_create_queue: kfd_queue_acquire_buffers before pqm_create_queue, whose failure
@@ -449,6 +534,9 @@ class SimKfd:
             qid = proc.lowest_free_qid()
             if qid is None:
                 raise SimErrno(errno.ENOMEM)
+            # dqm's create_queue (create_queue_cpsch / _nocpsch): allocate_sdma_queue, then
+            # allocate_doorbell
+            sdma = None if is_compute else self.allocate_sdma_queue(dev, a.queue_type, sdma_engine_id)
         except SimErrno:
             self.queue_unref_bo_vas(proc, dev.gpu_id, taken.values())
             raise
@@ -456,6 +544,9 @@ class SimKfd:
                      a.write_pointer_address, a.read_pointer_address, a.ctx_save_restore_address,
                      a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
                      (a.queue_percentage >> 8) & 0xFF, meta, buffers=taken)
+        if sdma is not None:
+            q.sdma_xgmi, q.sdma_id, q.sdma_engine_id, q.sdma_queue_id = sdma
+        q.doorbell_id = self.allocate_doorbell(proc, dev, q)
         q.is_evicted = proc.evicted_since is not None
         # kfd_device_queue_manager.c: create_queue_cpsch: a debugged process's new queue on a
         # GC 11.0.0-11.0.3 device starts under the debugger's CU workaround
@@ -465,8 +556,62 @@ class SimKfd:
         if q.is_active:                                  # create_queue_cpsch maps only an active queue
             self.execute_queues(dev)
         a.queue_id = qid
-        a.doorbell_offset = KFD_MMAP_TYPE_DOORBELL | (dev.gpu_id << 46) | (qid * 8)
+        # kfd_ioctl_create_queue: the doorbell's mmap offset names the GPU and, on SOC15, the
+        # doorbell's byte offset in the process's doorbell pages (pqm_create_queue: (doorbell_off -
+        # first_db_index) * 4, amdgpu_doorbell_index_on_bar counting 8-byte doorbells in dwords)
+        a.doorbell_offset = KFD_MMAP_TYPE_DOORBELL | (dev.gpu_id << 46)
+        if dev.gfx_target_version >= 90000:
+            a.doorbell_offset |= q.doorbell_id * SOC15_DOORBELL_SIZE
         return 0
+
+    def allocate_sdma_queue(self, dev, queue_type, engine_id):
+        """kfd_device_queue_manager.c: allocate_sdma_queue: the lowest free bit of the device's SDMA
+        bitmap (every process's SDMA queues on it share it; reserved queues masked out), engine =
+        bit % engines and queue = bit / engines; SDMA_XGMI the same in the XGMI bitmap, its engines
+        numbered after the PCIe ones; SDMA_BY_ENG_ID the first free bit of the named engine. A full
+        bitmap (no SDMA engine of that kind at all, included) is -ENOMEM. Returns (xgmi, sdma_id,
+        sdma_engine_id, sdma_queue_id)."""
+        sd = dev.sdma
+        used = {False: set(), True: set()}
+        for p in self.processes.values():
+            for q in p.queues_on(dev.gpu_id):
+                if q.sdma_id is not None:
+                    used[q.sdma_xgmi].add(q.sdma_id)
+        pcie = [i for i in range(sd.engines * sd.reserved, sd.engines * sd.queues_per_engine)
+                if i not in used[False]]
+        xgmi = [i for i in range(sd.xgmi_engines * sd.queues_per_engine) if i not in used[True]]
+        if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID:
+            on_xgmi = engine_id >= sd.engines
+            engines = sd.xgmi_engines if on_xgmi else sd.engines
+            start = engine_id - sd.engines if on_xgmi else engine_id
+            free = [i for i in (xgmi if on_xgmi else pcie) if i >= start and (i - start) % engines == 0]
+            if not free:
+                raise SimErrno(errno.ENOMEM, f"no more SDMA queue to allocate for engine {engine_id}")
+            return on_xgmi, free[0], engine_id, free[0] // engines
+        if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
+            if not xgmi:
+                raise SimErrno(errno.ENOMEM, "no more XGMI SDMA queue to allocate")
+            return True, xgmi[0], sd.engines + xgmi[0] % sd.xgmi_engines, xgmi[0] // sd.xgmi_engines
+        if not pcie:
+            raise SimErrno(errno.ENOMEM, "no more SDMA queue to allocate")
+        return False, pcie[0], pcie[0] % sd.engines, pcie[0] // sd.engines
+
+    def allocate_doorbell(self, proc, dev, q):
+        """kfd_device_queue_manager.c: allocate_doorbell: before SOC15 the queue id; an SDMA queue's
+        is static, its engine's first doorbell (amdgpu's sdma_doorbell_idx) + (queue & 1) *
+        KFD_QUEUE_DOORBELL_MIRROR_OFFSET + (queue >> 1); a compute queue takes the lowest free bit
+        of its process's doorbell bitmap on the device (qpd->doorbell_bitmap, which only compute
+        queues use: deallocate_doorbell frees it at destroy). init_doorbell_bitmap reserves the
+        non-CP range first_non_cp..last_non_cp (and 512 above): it starts at 0xF0 or later, past
+        any bit a process's 127 (255 on GC 9.4.3+) queues reach, and -EBUSY (none free) cannot
+        happen either."""
+        if dev.gfx_target_version < 90000:
+            return q.qid
+        if q.sdma_id is not None:
+            base = dev.sdma.doorbells[q.sdma_engine_id]
+            return base + (q.sdma_queue_id & 1) * KFD_QUEUE_DOORBELL_MIRROR_OFFSET + (q.sdma_queue_id >> 1)
+        taken = {other.doorbell_id for other in proc.queues_on(dev.gpu_id) if other.sdma_id is None}
+        return next(i for i in itertools.count() if i not in taken)
 
     def _sysfs_type(self, queue_type):
         if queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL):
@@ -519,7 +664,8 @@ class SimKfd:
         self.sysfs.remove_queue(proc.pid, q.qid)
 
     def update_queue(self, proc, a, mem, uid):
-        """kfd_ioctl_update_queue + pqm_update_queue_properties + update_queue (kfd-abi.md §2a)."""
+        """kfd_chardev.c: kfd_ioctl_update_queue, kfd_process_queue_manager.c:
+        pqm_update_queue_properties and kfd_device_queue_manager.c: update_queue."""
         if (a.queue_percentage & 0xFF) > c.KFD_MAX_QUEUE_PERCENTAGE or a.queue_priority > c.KFD_MAX_QUEUE_PRIORITY:
             raise SimErrno(errno.EINVAL)
         if a.ring_base_address and not access_ok(a.ring_base_address):
@@ -543,14 +689,21 @@ class SimKfd:
                 raise SimErrno(errno.EFAULT, "the ring is not one mapping of its size on the queue's GPU") from None
             self.queue_unref_bo_vas(proc, q.gpu_id, [q.buffers["ring"]] if "ring" in q.buffers else [])
             q.buffers["ring"] = taken["ring"]
-        if proc.has_reset_queue and not dev.uses_mes:
-            raise SimErrno(errno.EACCES)
+        # pqm_update_queue_properties writes the queue's properties, then calls dqm's update_queue
         q.sync_progress()
         was_active = q.is_active
         q.ring_base, q.ring_size = a.ring_base_address, ring_size
         q.percent, q.priority = a.queue_percentage & 0xFF, a.queue_priority
         q.pm4_target_xcc = (a.queue_percentage >> 8) & 0xFF
-        self.sysfs.set_queue_size(proc.pid, q.qid, q.ring_size)
+        self.sysfs.set_queue_size(proc.pid, q.qid, q.ring_size)     # kfd_procfs_queue_show: queue_size
+        # kfd_device_queue_manager.c: update_queue: under HWS (MES or not), once the queues are
+        # unmapped, a process with a reset queue gets -EACCES ("queue is reset so inaccessable"):
+        # the properties above stay written, the MQD is not updated and nothing is mapped again.
+        # (Nothing in the simulator resets a queue yet: has_reset_queue stays False.)
+        if (proc.has_reset_queue and self.abi.minor >= RESET_QUEUE_EACCES_SINCE
+                and self.params.get("sched_policy", 0) != 2):
+            q.sync_progress()
+            raise SimErrno(errno.EACCES, "queue is reset so inaccessable")
         if was_active and not q.is_active:
             self.timing.save_waves(dev, q, grace_period=None)
         self.execute_queues(dev)

@@ -38,7 +38,7 @@ PRESETS = {p.name: p for p in (
 
 class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cwsr_sizes pasid_is_zero has_diq "
                                                 "smi_process_events smi_all_process_bit_checked "
-                                                "debugger_keeps_the_role")):
+                                                "debugger_keeps_the_role queue_size_page_aligned")):
     """What a simulated kernel looks like from user space, per KFD ABI version:
     publishes_cwsr_sizes: node_show prints cwsr_size / ctl_stack_size (kfd_topology.c; upstream
         "drm/amdkfd: Export the cwsr_size and ctl_stack_size to userspace", in stable 6.12.y);
@@ -49,7 +49,11 @@ class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cws
     debugger_keeps_the_role: kfd_ioctl_set_debug_trap lets the process that did ENABLE make every
         op on its target without being the target's ptrace parent any more (7.2). Before, every op
         but DISABLE needed the caller to be the target itself or its ptrace parent at the time of
-        the call ("PID %i is not PTRACED and cannot be debugged", -EPERM): 6.1 and 6.12."""
+        the call ("PID %i is not PTRACED and cannot be debugged", -EPERM): 6.1 and 6.12;
+    queue_size_page_aligned: kfd_queue.c: kfd_queue_acquire_buffers looks the ring up at
+        PAGE_ALIGN(queue_size + metadata_queue_size) (7.2; "drm/amdkfd: Align expected_queue_size
+        to PAGE_SIZE"); 6.12 passes queue_size as given, so a ring under a page has only its start
+        checked (6.1 looks no buffer up)."""
     __slots__ = ()
 
     @property
@@ -60,9 +64,9 @@ class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cws
 
 
 PROFILES = {
-    "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True, False),
-    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", True, False, True, False, True, False),
-    "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False, True),
+    "1.11": KernelProfile(11, "6.1.0-kfdtool-sim", False, False, True, False, True, False, False),
+    "1.17": KernelProfile(17, "6.12.117-kfdtool-sim", True, False, True, False, True, False, False),
+    "1.23": KernelProfile(23, "7.2.13-kfdtool-sim", True, True, False, True, False, True, True),
 }
 
 assert tuple(PROFILES) == ABIS

@@ -1,7 +1,10 @@
 """Wire protocol between simulated-KFD clients and the server (a unix stream socket).
 
 Every message is a u32 length + payload; the payload's first byte is its kind:
-  client: b"O" open /dev/kfd (the process that sends it becomes a KFD process)
+  client: b"O" open /dev/kfd (the process that sends it becomes a KFD process); its body is empty
+               or a JSON object {"tid": N}: the id of the thread that opens the connection and makes
+               its calls (gettid), which the server takes only once it has found that thread in the
+               sender's process (`parse_open`); without it the process stands for its thread
           b"I" ioctl: <request u32, arg len u32, regions u32, made at u64> arg, regions
           b"C" control: a JSON object
           b"B" ioctls made back to back: <count u32> then count x (<length u32> + an "I" body), as
@@ -23,7 +26,11 @@ Every message is a u32 length + payload; the payload's first byte is its kind:
           b"J" JSON reply
 A region is <address u64, length u32> + bytes: the caller's memory behind a pointer argument.
 Who the caller is travels outside the payload: the server takes the sender's pid and uid from the
-kernel (SCM_CREDENTIALS), which a client cannot forge.
+kernel (SCM_CREDENTIALS), which a client cannot forge. The kernel says nothing of the sending thread
+(SCM_CREDENTIALS and SO_PEERCRED carry the thread group id): the tid an "O" names is the client's
+word, which the server checks against /proc (a thread of the sender's process, in the server's pid
+namespace), so a client can name only a thread of its own process, which it could make the call
+from anyway.
 
 Anything else is a `ProtocolError`: the server answers it with one JSON error and closes that
 connection (never the server).
@@ -133,6 +140,17 @@ def parse_json_object(body, what):
     if not isinstance(msg, dict):
         raise ProtocolError(f"{what} message is a JSON {type(msg).__name__}, not an object")
     return msg
+
+
+def parse_open(body):
+    """An open request's body: the opening thread's id, or None where the body is empty (a client
+    from before threads were named)."""
+    if not body:
+        return None
+    tid = parse_json_object(body, "open").get("tid")
+    if tid is not None and (type(tid) is not int or tid <= 0):
+        raise ProtocolError(f"open message's tid is {tid!r:.30}, not a thread id")
+    return tid
 
 
 def parse_control(body):

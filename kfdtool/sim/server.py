@@ -62,7 +62,7 @@ from .machine import DEFAULT_PARAMETERS, find_profile, materialize, parse_parame
 from .memory import UserMemory
 from .protocol import (IOCTL, LEN, MAX_BATCH_CALLS, MAX_FRAME_BYTES, PROTOCOL, REPLY, ProtocolError, frame,
                        json_frame, pack_items, pack_regions, parse_batch, parse_control, parse_ioctl,
-                       parse_json_object)
+                       parse_json_object, parse_open)
 from .state import SimQueue
 from .timing import max_waves
 
@@ -132,6 +132,7 @@ class Connection:
         self.returns_at = 0
         self.batch = None                    # a b"B" whose next call the server makes once that one returned
         self.opener = None                   # pid that opened /dev/kfd on it (kfd_open's current)
+        self.tid = None                      # the opener's thread that makes its calls, once checked
         self.closed = False
         self.events = 0                      # what the selector watches it for
 
@@ -420,8 +421,10 @@ class SimServer(ConnectionLoop):
         kind, body = payload[:1], payload[1:]
         made_at, changes = 0, True         # `changes`: may change what runs (not a query, not a wait)
         if kind == b"O":
+            tid = parse_open(body)
+
             def act():
-                refusal = self._open(conn, *sender)
+                refusal = self._open(conn, *sender, tid=tid)
                 self._send(conn, json_frame({"error": refusal} if refusal
                                             else {"ok": True, "pid": conn.opener, "protocol": PROTOCOL}))
         elif kind == b"I":
@@ -509,14 +512,23 @@ class SimServer(ConnectionLoop):
             del self.connections_of[conn.uid]
 
     # --- /dev/kfd -------------------------------------------------------------------------------
-    def _open(self, conn, pid, uid):
-        """kfd_chardev.c: kfd_open for `pid`. None, or why the open failed.
+    def _open(self, conn, pid, uid, tid=None):
+        """kfd_chardev.c: kfd_open for `pid`. None, or why the open failed. `tid`, the thread the
+        client says opens the connection, is kept as the thread of its calls (the kernel's
+        `current`, which DBG_TRAP's ptrace test compares with a tracer thread) once found to be a
+        thread of `pid` (`_thread_of`); otherwise the process stands for its thread, as for a
+        client that names none.
 
         The kernel releases a kfd_process when its mm goes (kfd_process_notifier_release); here
         the pidfd is that hook, so a process the server cannot watch would never be released.
         Its open fails instead, as kfd_open does when kfd_create_process fails."""
         if conn.opener is not None:
             return None
+        if tid is not None:
+            conn.tid = _thread_of(pid, tid)
+            if conn.tid is None:
+                self.log(f"{conn}: tid {tid} is no thread of pid {pid} that this server can see; "
+                         f"its calls are taken as the process's")
         if not self.exits.watch(pid):
             why = "it has exited" if not alive(pid) else "the server is out of file descriptors"
             reason = f"open of the simulated /dev/kfd refused: cannot watch pid {pid} for its exit ({why})"
@@ -580,6 +592,9 @@ class SimServer(ConnectionLoop):
         proc = self.kfd.processes.get(conn.opener) if conn.opener is not None else None
         caller_pid, caller_uid = caller
         mem = UserMemory(regions)
+        # the calling thread where known: the one the connection was opened with, if the call comes
+        # from its process (a forked child writing on an inherited connection is another process)
+        self.kfd.dbg.current_tid = conn.tid if caller_pid == conn.opener else None
         try:
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
@@ -590,6 +605,8 @@ class SimServer(ConnectionLoop):
             self.log(f"{conn}: simulator bug in ioctl {request:#x} of pid {caller_pid}, answered EIO:\n"
                      f"{traceback.format_exc().rstrip()}")
             ret, out = -errno.EIO, b""
+        finally:
+            self.kfd.dbg.current_tid = None
         cost = self.kfd.timing.settle(block=False)
         returns_at = 0
         if self.kfd.timing.realtime and cost.total_s > 0:
@@ -862,6 +879,21 @@ def _count(value, what):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def _thread_of(pid, tid):
+    """`tid` if it names a thread of process `pid` and `pid` lives in the pid namespace of this
+    server's /proc (its NSpid has one entry), so that the client's gettid() names the same thread
+    here; else None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:") and len(line.split()) != 2:
+                    return None                  # a nested namespace: its tids are not ours
+        os.stat(f"/proc/{pid}/task/{tid}")
+    except (OSError, ValueError, OverflowError):
+        return None
+    return tid
 
 
 def _reply_body(ret, out, regions, n_fds, returns_at):

@@ -51,6 +51,15 @@ class SimQueue:
     # when the latest COMPLETIONS_KEPT completions happened on the model's clock (ns), the last
     # one the `completed`-th (what a wait reports as its work's end)
     completion_ns: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COMPLETIONS_KEPT))
+    # kfd_device_queue_manager.c: allocate_sdma_queue, for an SDMA queue: its bit in the device's
+    # sdma_bitmap (xgmi_sdma_bitmap where sdma_xgmi), the engine and the queue on that engine;
+    # sdma_id None for a compute queue
+    sdma_id: int | None = None
+    sdma_xgmi: bool = False
+    sdma_engine_id: int = 0
+    sdma_queue_id: int = 0
+    # allocate_doorbell: the queue's doorbell index in its process's doorbell pages on the device
+    doorbell_id: int = 0
 
     def completed_at(self, count):
         """When the queue's `count`-th kernel completed on the model's clock (ns), None if not
