@@ -174,18 +174,22 @@ def test_allocate_doorbell_gives_a_compute_queue_the_lowest_free_doorbell_of_its
     assert got == [(0, 0), (1, 0), (3, 8), (0, 0)]
 
 
-def _sdma_queues(sim, gpu, extra=0):
-    """Every SDMA queue the device gives, in order: their doorbells, the errno that ends it, then
-    what an SDMA_XGMI queue gets and whether a queue freed is taken again."""
-    cl = Client(sim, runtime_enable=False)
+def _sdma_until_refused(cl, gpu):
+    """SDMA queues created on `gpu` until the kernel refuses one: (their args, the refusal's errno)."""
     made = []
     while True:
         try:
             made.append(create(cl, gpu, SDMA, ring_size=4096))
         except errors.KfdIoctlError as e:
-            end = e.errno
-            break
+            return made, e.errno
         assert len(made) <= 64
+
+
+def _sdma_queues(sim, gpu, extra=0):
+    """Every SDMA queue the device gives, in order: their doorbells, the errno that ends it, then
+    what an SDMA_XGMI queue gets and whether a queue freed is taken again."""
+    cl = Client(sim, runtime_enable=False)
+    made, end = _sdma_until_refused(cl, gpu)
     xgmi = None
     try:
         made.append(create(cl, gpu, c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI, ring_size=4096))
@@ -296,13 +300,7 @@ def test_an_sdma_queue_by_engine_id_takes_that_engines_first_free_queue(sim, cli
 def _navi33(sim):
     cl = Client(sim, runtime_enable=False)
     gpu = next(g for g in cl.gpus if cl.rt.topology.find_gpu(g).props["gfx_target_version"] == 110002)
-    made = []
-    while True:
-        try:
-            made.append(create(cl, gpu, SDMA, ring_size=4096))
-        except errors.KfdIoctlError as e:
-            end = e.errno
-            break
+    made, end = _sdma_until_refused(cl, gpu)
     offsets = [doorbell(a) for a in made]
     for a in made:
         destroy(cl, a.queue_id)
