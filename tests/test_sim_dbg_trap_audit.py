@@ -162,7 +162,7 @@ def test_an_open_names_its_thread_and_the_server_takes_only_a_thread_of_the_send
         with pytest.raises(ProtocolError):
             parse_open(bad)
     me = os.getpid()
-    assert _thread_of(me, threading.get_native_id()) == threading.get_native_id()
+    assert _thread_of(me, threading.get_native_id())[0] == threading.get_native_id()
     assert on_thread(lambda: _thread_of(me, threading.get_native_id())) is not None
     child = subprocess.Popen(["sleep", "30"])
     try:
@@ -171,6 +171,27 @@ def test_an_open_names_its_thread_and_the_server_takes_only_a_thread_of_the_send
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_thread_id_taken_again_after_its_thread_exited_does_not_pass_for_it():
+    """A connection keeps the thread its open named; once that thread exits, its id may go to
+    another thread, even one of another process of the same user that traces a victim (a review did
+    that with 32,447 forks, then ENABLEd on the victim through the old connection). The server knows
+    the thread by its id and start time, checked after the tracer is read: a thread with that id and
+    another start time is not the calling thread, and the call is the process's."""
+    from kfdtool.sim.dbg_trap import DbgTrap
+    from kfdtool.sim.server import _thread_of
+    me, tid = os.getpid(), threading.get_native_id()
+    tid_, started = _thread_of(me, tid)
+    dbg = DbgTrap.__new__(DbgTrap)                 # its thread test only: no simulated kernel needed
+    dbg.calling_thread = (me, tid, started)
+    assert dbg._current(me) == tid and dbg._is_current(tid, tid)
+    dbg.calling_thread = (me, tid, started - 1)   # the id, but a thread that started at another time
+    assert not dbg._is_current(tid, tid)
+    exited = on_thread(threading.get_native_id)    # a thread that has exited by now
+    dbg.calling_thread = (me, exited, started)
+    assert not dbg._is_current(exited, exited)
+    assert dbg._current(me + 1) == me + 1 and dbg._is_current(me + 1, me + 1)   # another caller: its own id
 
 
 TRACER = r"""

@@ -522,8 +522,9 @@ def test_suspend_stops_progress_resume_restarts_it(client):
 
 def test_destroy_of_suspended_queue_blocks_until_resume(client):
     """kfd_device_queue_manager.c: destroy_queue_cpsch: a suspended queue of a debugged process
-    waits (wait_event on the process's qpd) until the debugger resumes it; pqm_destroy_queue has
-    removed its procfs entry before that wait, so sysfs no longer lists it meanwhile."""
+    waits (wait_event on the process's qpd) until the debugger resumes it; pqm_destroy_queue removes
+    its procfs entry only once that has returned (kfd_procfs_del_queue after dqm's destroy_queue,
+    6.12 on), so sysfs lists it meanwhile, and not after."""
     qid = client.rt.create_queue(client.gpus[0])
     client.enable_debug()
     client.snapshot()
@@ -537,10 +538,11 @@ def test_destroy_of_suspended_queue_blocks_until_resume(client):
     t.start()
     assert not done.wait(0.3)             # sleeping in the kernel
     queues = client.sim.sysfs_root / f"class/kfd/kfd/proc/{os.getpid()}/queues"
-    assert str(qid) not in os.listdir(queues)          # gone from sysfs, still a queue of the process
+    assert str(qid) in os.listdir(queues)              # still listed while the destroy sleeps
     client.resume([qid])
     assert done.wait(5)
     t.join()
+    assert str(qid) not in os.listdir(queues)
     client.rt.queues.pop(qid)
     assert qid not in client.queues()
     client.dbg("DISABLE")

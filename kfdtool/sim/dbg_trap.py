@@ -27,7 +27,7 @@ class DbgTrap:
         # knows it (the tid the caller's connection was opened with, checked to be a thread of the
         # calling process), else None and the calling process stands for its thread. ptrace
         # attaches a thread to a thread: ptrace_parent(task) is the task (thread) that attached.
-        self.current_tid = None
+        self.calling_thread = None       # (pid, tid, start time) or None: see `_is_current`
 
     # --- RUNTIME_ENABLE ---------------------------------------------------------------------------
     def runtime_enable(self, proc, a, mem, uid):
@@ -78,13 +78,13 @@ class DbgTrap:
         # is the thread that attached (kernel/ptrace.c: ptrace_attach links the tracee to `current`),
         # which /proc/<tid>/status prints as TracerPid. Where the server does not know the calling
         # thread, its process stands for it (right when the caller is its process's main thread)
-        current = self.current_tid or caller.pid
+        current = self._current(caller.pid)
         target = self._lookup(a.pid)
         # ENABLE: `thread` is the task args->pid names (any thread of a process, in the kernel's
         # get_pid_task); when it is not `current` and its tracer is `current`, kfd_create_process
         # makes the kfd_process of its thread group
         if (target is None and a.op == OPS.KFD_IOC_DBG_TRAP_ENABLE and a.pid != current
-                and ptrace_parent(a.pid) == current):
+                and self._is_current(ptrace_parent(a.pid), current)):
             target = kfd.create_process(_thread_group(a.pid) or a.pid)
         if target is None:
             raise SimErrno(errno.ESRCH)
@@ -97,7 +97,7 @@ class DbgTrap:
             allowed = target is caller or target.debugger is caller
         else:
             allowed = target is caller or a.op == OPS.KFD_IOC_DBG_TRAP_DISABLE
-        if not (allowed or ptrace_parent(target.pid) == current):
+        if not (allowed or self._is_current(ptrace_parent(target.pid), current)):
             raise SimErrno(errno.EPERM)
         op = a.op
         if op != OPS.KFD_IOC_DBG_TRAP_ENABLE and not target.debug_trap_enabled:
@@ -118,6 +118,26 @@ class DbgTrap:
         if handler is None:             # not simulated: wave launch, watches, exception info
             raise SimErrno(errno.EINVAL if op > OPS.KFD_IOC_DBG_TRAP_GET_DEVICE_SNAPSHOT else errno.EOPNOTSUPP)
         return handler(caller, target, a, mem)
+
+    def _current(self, pid):
+        """The calling thread's id: the one its connection was opened with, where the call comes from
+        that thread's process, else the process's own id (its main thread)."""
+        thread = self.calling_thread
+        return thread[1] if thread is not None and thread[0] == pid else pid
+
+    def _is_current(self, tracer, current):
+        """`tracer` (a TracerPid just read) is the calling thread: the same id and, where the server
+        knows the thread from its connection's open, still that same thread, checked after the read.
+        A thread id is reused once its thread exits: a connection opened by a thread that exited since
+        must not pass for whichever thread got its id next (a review made another process of the same
+        user take it, trace a victim, and then ENABLE on the victim through the old connection)."""
+        if not tracer or tracer != current:
+            return False
+        thread = self.calling_thread
+        if thread is None or thread[1] != current:
+            return True                  # the calling process's own id: the kernel vouched for it
+        pid, tid, started = thread
+        return thread_start(pid, tid) == started
 
     def _lookup(self, pid):
         """kfd_process.c: kfd_lookup_process_by_pid: the task `pid` names, which may be any thread of
@@ -477,6 +497,17 @@ def ptrace_parent(pid):
     /proc/<pid>/status: the id of the thread that attached (fs/proc/array.c: task_state prints
     task_pid_nr_ns(tracer): a thread id, not its process's), 0 when not traced."""
     return _status_field(pid, "TracerPid:") or 0
+
+
+def thread_start(pid, tid):
+    """When thread `tid` of process `pid` started (/proc/<pid>/task/<tid>/stat's starttime, in clock
+    ticks since boot), None if there is no such thread: with its id, it names one thread for good."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return int(fields[19])          # field 22 counted from the pid; [0] here is field 3, the state
+    except (OSError, ValueError, IndexError, OverflowError):
+        return None
 
 
 def _thread_group(pid):

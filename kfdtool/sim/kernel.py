@@ -633,10 +633,10 @@ class SimKfd:
         # mappings (kfd_queue_unref_bo_vas) before dqm's destroy_queue, so they drop even while that
         # sleeps on a suspended queue, and again on a second destroy's EBUSY (never below 0)
         self.queue_unref_bo_vas(proc, q.gpu_id, q.buffers.values())
-        # kfd_process_queue_manager.c: pqm_destroy_queue removes the queue's procfs entry before
-        # dqm's destroy_queue, which may sleep on a suspended queue (or refuse a second destroy):
-        # the entry is gone while the queue still exists
-        self.sysfs.remove_queue(proc.pid, q.qid)
+        # its procfs entry goes once dqm's destroy_queue has returned (pqm_destroy_queue calls
+        # kfd_procfs_del_queue after it since 6.12; 6.1 before it, which no 6.1 call can tell: its
+        # destroy never sleeps on a suspended queue, having no DBG_TRAP): listed while the destroy
+        # sleeps, and after a second destroy's EBUSY
         if q.is_suspended and proc.debug_trap_enabled:
             if q.being_destroyed:
                 raise SimErrno(errno.EBUSY)

@@ -49,7 +49,12 @@ class KernelProfile(namedtuple("KernelProfile", "abi_minor release publishes_cws
     debugger_keeps_the_role: kfd_ioctl_set_debug_trap lets the process that did ENABLE make every
         op on its target without being the target's ptrace parent any more (7.2). Before, every op
         but DISABLE needed the caller to be the target itself or its ptrace parent at the time of
-        the call ("PID %i is not PTRACED and cannot be debugged", -EPERM): 6.1 and 6.12;
+        the call ("PID %i is not PTRACED and cannot be debugged", -EPERM). The newer rule came with
+        upstream 99b2fe4f19e3 ("drm/amdkfd: Fix missing authorization check in
+        KFD_IOC_DBG_TRAP_DISABLE"), backported to 6.6.151, 6.12.103 and 6.18.45: the 1.17 profile keeps
+        the older one of 6.12 before 6.12.103, although its other checks were read from 6.12.117,
+        so that the kernels still shipping it stay simulated (kfdtool's windows for them are tested
+        on it);
     queue_size_page_aligned: kfd_queue.c: kfd_queue_acquire_buffers looks the ring up at
         PAGE_ALIGN(queue_size + metadata_queue_size) (7.2; "drm/amdkfd: Align expected_queue_size
         to PAGE_SIZE"); 6.12 passes queue_size as given, so a ring under a page has only its start

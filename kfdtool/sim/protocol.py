@@ -29,8 +29,9 @@ Who the caller is travels outside the payload: the server takes the sender's pid
 kernel (SCM_CREDENTIALS), which a client cannot forge. The kernel says nothing of the sending thread
 (SCM_CREDENTIALS and SO_PEERCRED carry the thread group id): the tid an "O" names is the client's
 word, which the server checks against /proc (a thread of the sender's process, in the server's pid
-namespace), so a client can name only a thread of its own process, which it could make the call
-from anyway.
+namespace) and knows from then on by its id and start time, so a client can name only a live thread
+of its own process, which it could make the call from anyway: once that thread exits, a thread that
+gets its id (even another process's) is not it, and the connection's calls are its process's.
 
 Anything else is a `ProtocolError`: the server answers it with one JSON error and closes that
 connection (never the server).

@@ -55,6 +55,7 @@ from ..pids import ExitWatch, alive
 from ..selectloop import ConnectionLoop
 from ..ratelog import RateLimitedLog
 from . import clock
+from .dbg_trap import thread_start
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
@@ -132,7 +133,7 @@ class Connection:
         self.returns_at = 0
         self.batch = None                    # a b"B" whose next call the server makes once that one returned
         self.opener = None                   # pid that opened /dev/kfd on it (kfd_open's current)
-        self.tid = None                      # the opener's thread that makes its calls, once checked
+        self.thread = None                   # (tid, start time) of the opener's thread that makes its calls
         self.closed = False
         self.events = 0                      # what the selector watches it for
 
@@ -525,8 +526,8 @@ class SimServer(ConnectionLoop):
         if conn.opener is not None:
             return None
         if tid is not None:
-            conn.tid = _thread_of(pid, tid)
-            if conn.tid is None:
+            conn.thread = _thread_of(pid, tid)
+            if conn.thread is None:
                 self.log(f"{conn}: tid {tid} is no thread of pid {pid} that this server can see; "
                          f"its calls are taken as the process's")
         if not self.exits.watch(pid):
@@ -594,7 +595,8 @@ class SimServer(ConnectionLoop):
         mem = UserMemory(regions)
         # the calling thread where known: the one the connection was opened with, if the call comes
         # from its process (a forked child writing on an inherited connection is another process)
-        self.kfd.dbg.current_tid = conn.tid if caller_pid == conn.opener else None
+        thread = conn.thread
+        self.kfd.dbg.calling_thread = (caller_pid, *thread) if thread and caller_pid == conn.opener else None
         try:
             ret, out = self.kfd.ioctl(proc, caller_pid, request, arg, mem, caller_uid)
         except Blocked as blocked:
@@ -606,7 +608,7 @@ class SimServer(ConnectionLoop):
                      f"{traceback.format_exc().rstrip()}")
             ret, out = -errno.EIO, b""
         finally:
-            self.kfd.dbg.current_tid = None
+            self.kfd.dbg.calling_thread = None
         cost = self.kfd.timing.settle(block=False)
         returns_at = 0
         if self.kfd.timing.realtime and cost.total_s > 0:
@@ -882,18 +884,19 @@ def _count(value, what):
 
 
 def _thread_of(pid, tid):
-    """`tid` if it names a thread of process `pid` and `pid` lives in the pid namespace of this
-    server's /proc (its NSpid has one entry), so that the client's gettid() names the same thread
-    here; else None."""
+    """(`tid`, its start time) if it names a thread of process `pid` and `pid` lives in the pid
+    namespace of this server's /proc (its NSpid has one entry), so that the client's gettid() names
+    the same thread here; else None. The start time tells that thread from a later one given its id
+    (DbgTrap._is_current)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("NSpid:") and len(line.split()) != 2:
                     return None                  # a nested namespace: its tids are not ours
-        os.stat(f"/proc/{pid}/task/{tid}")
-    except (OSError, ValueError, OverflowError):
+    except (OSError, ValueError):
         return None
-    return tid
+    started = thread_start(pid, tid)
+    return None if started is None else (tid, started)
 
 
 def _reply_body(ret, out, regions, n_fds, returns_at):
