@@ -271,8 +271,11 @@ def test_disable_refreshes_a_per_vmid_hws_device_three_times_whatever_the_flags(
     """kfd_dbg_trap_deactivate on GC 9.4.3 under HWS (per-VMID debugging): the wave launch mode set
     back to normal (kfd_dbg_trap_set_wave_launch_mode(target, 0)), the flags set to 0
     (kfd_dbg_trap_set_flags, which refreshes every per-VMID device without comparing old and new
-    flags) and the per-device debug_refresh_runlist: three device-wide unmaps and maps, with or
-    without flags set before (no queue of the target there: resume_queues remaps nothing)."""
+    flags) and the per-device debug_refresh_runlist: three execute_queues_cpsch calls (the
+    simulator's `remaps` count), with or without flags set before (no queue of the target there:
+    resume_queues remaps nothing). With no active queue on the device the kernel's unmap and map
+    return early (unmap_queues_cpsch without an active runlist, map_queues_cpsch without active
+    queues), so nothing stalls; with queues each call stalls them all."""
     gpu = client.gpus[0]
     assert not client.queues()
     for flags in (0, c.KFD_DBG_TRAP_FLAG_SINGLE_MEM_OP):
