@@ -46,7 +46,7 @@ class DbgTrap:
             proc.r_debug = a.r_debug
             proc.ttmp_setup = int(bool(a.mode_mask & c.KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK))
             if proc.debug_trap_enabled:
-                self._activate_cu_workaround(proc)           # kfd_dbg_trap_activate
+                self._activate(proc)                         # kfd_dbg_trap_activate
         else:
             was_enabled = proc.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED
             proc.runtime_state, proc.r_debug, proc.ttmp_setup = c.DEBUG_RUNTIME_STATE_DISABLED, 0, 0
@@ -153,7 +153,7 @@ class DbgTrap:
     def enable(self, caller, target, a, mem):
         # kfd_ioctl_set_debug_trap names the caller the target's debugger_process *before*
         # kfd_dbg_trap_enable runs its checks: a refused ENABLE (EALREADY from a second debugger,
-        # ENODEV, EBADF) still takes the role, and with it the admission of the debugger that did
+        # ENODEV, EBADF, EFAULT) still takes the role, and with it the admission of the debugger that did
         # ENABLE, which gets EPERM from then on (and is no longer the one whose exit disables it)
         if target is not caller:
             target.debugger = caller
@@ -165,34 +165,61 @@ class DbgTrap:
         if not _fd_is_open(caller.pid, a.enable.dbg_fd):
             raise SimErrno(errno.EBADF)
         if target.runtime_state == c.DEBUG_RUNTIME_STATE_ENABLED:   # else deferred to RUNTIME_ENABLE
-            self._activate_cu_workaround(target)  # kfd_dbg_trap_activate (its result is ignored): per
-            for gpu in target.gpu_ids:            # device, the debug VMID reserved or the runlist refreshed
-                self.kfd.execute_queues(self.kfd.devices[gpu])
+            self._activate(target)                # kfd_dbg_trap_activate (its result is ignored)
         target.debug_trap_enabled = True
         if target.debugger is not None:           # kfd_dbg_trap_enable: the debugger_process's count
             target.debugger.debugged_count += 1
         info = s.kfd_runtime_info(target.r_debug, target.runtime_state, target.ttmp_setup)
         copy = min(a.enable.rinfo_size, ctypes.sizeof(info))
-        a.enable.rinfo_size = ctypes.sizeof(info)
+        a.enable.rinfo_size = ctypes.sizeof(info)   # `*runtime_size = ...`: written back either way
         try:
             mem.write(a.enable.rinfo_ptr, bytes(info)[:copy])
         except SimErrno:
-            # a runtime_info copy that faults: deactivated, EFAULT, yet left debug-enabled (and counted)
+            # kfd_debug.c: kfd_dbg_trap_enable (as in 6.12.117, a stable backport to 6.12.y): a
+            # runtime_info copy that faults undoes the enable and answers -EFAULT:
+            # kfd_dbg_trap_deactivate(target, false, 0), run whether or not the activation was
+            # deferred, with its queue resumes and runlist refreshes; the debugger's count taken back;
+            # debug_trap_enabled false again (a later op is -EINVAL "not debug enabled", a later
+            # ENABLE no -EALREADY). runtime_state is not touched (an ENABLED_BUSY from the CU
+            # workaround stays), nor is debugger_process: kfd_ioctl_set_debug_trap set it before the
+            # call and nothing clears it, so the caller keeps the role (as after EALREADY above)
             self._deactivate(target)
+            if target.debugger is not None:
+                target.debugger.debugged_count -= 1
+            target.debug_trap_enabled = False
             raise
         target.exception_mask = a.enable.exception_mask   # kfd_ioctl_set_debug_trap: only `if (!r)`
         return 0
 
+    def _activate(self, target):
+        """kfd_debug.c: kfd_dbg_trap_activate (6.12.117), from ENABLE of a runtime-enabled target
+        and from RUNTIME_ENABLE of a debug-enabled one. First the CU workaround
+        (kfd_dbg_set_workaround(target, true)): where it fails the activation returns at once,
+        nothing reserved or refreshed on any device. Then per device of the target: one without
+        per-VMID debugging reserves the debug VMID (reserve_debug_trap_vmid: an unmap, SET_RESOURCES
+        and a map: one remap), its debug_refresh_runlist returning before unmapping anything
+        (debug_lock_and_unmap); a per-VMID HWS device has its runlist refreshed
+        (debug_refresh_runlist: one remap); a per-VMID MES device (GC 11+) takes a
+        set_shader_debugger call (kfd_dbg_set_mes_debug_mode), which unmaps nothing. Not modelled:
+        reserve_debug_trap_vmid's -EBUSY where another process holds the device's debug VMID."""
+        if not self._activate_cu_workaround(target):
+            return
+        for gpu in target.gpu_ids:
+            dev = self.kfd.devices[gpu]
+            if not _is_per_vmid_supported(dev) or not dev.uses_mes:
+                self.kfd.execute_queues(dev)
+
     def _activate_cu_workaround(self, target):
         """kfd_debug.c: kfd_dbg_set_workaround(target, true): on GC 11.0.0-11.0.3 the debugger
         masks CUs of every queue; a queue with a user CU mask makes it -EBUSY, unwinds every
-        queue and leaves runtime_state ENABLED_BUSY."""
+        queue and leaves runtime_state ENABLED_BUSY. False where it failed."""
         on_wa_device = [q for q in target.queues.values() if self.kfd.devices[q.gpu_id].has_cwsr_workaround]
         if any(q.is_user_cu_masked for q in on_wa_device):
             target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED_BUSY
-            return
+            return False
         for q in on_wa_device:
             q.is_dbg_wa = True
+        return True
 
     def op_disable(self, caller, target, a, mem):
         self.disable(target)

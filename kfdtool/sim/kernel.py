@@ -303,9 +303,14 @@ class SimKfd:
         patched = nr in (0x87, 0x88) and self.patched_preempt
         if not patched and (entry is None or not self.abi.supports(entry.name)):
             return -errno.ENOTTY, b""             # the nr is checked before the fd's owner
-        # only the opener may use the fd; for CRIU_OP also the opener's ptrace parent
+        # only the opener may use the fd; for CRIU_OP also the opener's ptrace parent:
+        # kfd_chardev.c: kfd_ioctl, `ptrace_parent(process->lead_thread) == current`, the calling
+        # *thread* (ptrace attaches a thread to a thread), known and checked as DBG_TRAP's is
+        # (DbgTrap._current / _is_current: by id and start time, after the tracer is read). Where the
+        # calling thread is not known (the server names it only for calls from the opener's own
+        # process), the calling process stands for it, as for DBG_TRAP
         criu_by_tracer = (proc is not None and entry is not None and entry.name == "CRIU_OP"
-                          and ptrace_parent(proc.pid) == caller_pid)
+                          and self.dbg._is_current(ptrace_parent(proc.pid), self.dbg._current(caller_pid)))
         if proc is None or (caller_pid != proc.pid and not criu_by_tracer):
             return -errno.EBADF, b""
         if patched:
