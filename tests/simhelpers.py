@@ -104,3 +104,12 @@ def in_child(fn, *args):
     if kind == "err":
         raise AssertionError(value)
     return value
+
+
+def errno_of(call):
+    """0, or the errno of the KFD ioctl error `call()` raises."""
+    try:
+        call()
+    except errors.KfdIoctlError as e:
+        return e.errno
+    return 0

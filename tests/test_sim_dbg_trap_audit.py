@@ -21,13 +21,12 @@ import threading
 
 import pytest
 
-from kfdtool import errors
 from kfdtool.cli.sim_cmd import spawn_workload
 from kfdtool.cwsr import ptrace
 from kfdtool.ioctls import constants as c
 from kfdtool.sim import runner
 from kfdtool.sim.protocol import IOCTL, ProtocolError, frame, recv_frame
-from simhelpers import Client, start
+from simhelpers import Client, errno_of, start
 
 
 def on_thread(fn, *args):
@@ -46,15 +45,6 @@ def on_thread(fn, *args):
     if "error" in out:
         raise out["error"]
     return out["value"]
-
-
-def errno_of(call):
-    """0, or the errno of the KFD ioctl error `call()` raises."""
-    try:
-        call()
-    except errors.KfdIoctlError as e:
-        return e.errno
-    return 0
 
 
 @pytest.fixture

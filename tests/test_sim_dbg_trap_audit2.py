@@ -24,18 +24,9 @@ from kfdtool.cwsr import ptrace
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
 from kfdtool.sim import runner
-from simhelpers import Client, start
+from simhelpers import Client, errno_of, start
 
 UNWRITABLE = 0x1000                       # a user address no region of the call covers
-
-
-def errno_of(call):
-    """0, or the errno of the KFD ioctl error `call()` raises."""
-    try:
-        call()
-    except errors.KfdIoctlError as e:
-        return e.errno
-    return 0
 
 
 def enable_faulting(client):
