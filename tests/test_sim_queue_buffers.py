@@ -10,7 +10,6 @@ unmap_bo_from_gpuvm answers with -EBUSY until pqm_destroy_queue gives it back
 none: its CREATE_QUEUE checks no buffer."""
 import ctypes
 import errno
-import os
 import threading
 
 import pytest
