@@ -17,13 +17,13 @@ from kfdtool import errors
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
 from kfdtool.ioctls.history import KfdAbi
+from kfdtool.sim import runner
 from simhelpers import Client, in_child, start
 
 
 def test_get_version_follows_the_selected_abi(sim_dir):
     """kfd_chardev.c: kfd_ioctl_get_version answers KFD_IOCTL_MAJOR/MINOR_VERSION of the kernel's
     uapi header; kfd_ioctl answers -ENOTTY for an nr past AMDKFD_COMMAND_END (DBG_TRAP before 1.13)."""
-    from kfdtool.sim import runner
     for name, abi in (("mi300x-cpx", "1.17"), ("composite", "1.11")):
         machine = start(name, abi)
         cl = Client(machine, runtime_enable=False)
@@ -426,6 +426,7 @@ def test_on_mes_a_redundant_suspend_costs_nothing_and_a_new_queue_keeps_its_mark
         client.dbg("DISABLE")
     finally:
         client.close()
+        runner.stop("composite")          # other files start it with another ABI
 
 
 def test_snapshot_size_negotiation_and_order(client):
