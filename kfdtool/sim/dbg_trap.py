@@ -200,13 +200,27 @@ class DbgTrap:
         and a map: one remap), its debug_refresh_runlist returning before unmapping anything
         (debug_lock_and_unmap); a per-VMID HWS device has its runlist refreshed
         (debug_refresh_runlist: one remap); a per-VMID MES device (GC 11+) takes a
-        set_shader_debugger call (kfd_dbg_set_mes_debug_mode), which unmaps nothing. Not modelled:
-        reserve_debug_trap_vmid's -EBUSY where another process holds the device's debug VMID."""
+        set_shader_debugger call (kfd_dbg_set_mes_debug_mode), which unmaps nothing.
+        reserve_debug_trap_vmid answers -EBUSY, touching nothing, where the device's debug VMID is
+        already reserved (dqm->trap_debug_vmid != 0: another process is being debugged there):
+        runtime_state becomes ENABLED_BUSY and the devices before it are unwound
+        (kfd_dbg_trap_deactivate(target, true, i)). Both callers ignore the error: ENABLE succeeds
+        and copies out ENABLED_BUSY, and the hardware ops are -EPERM until a DISABLE sets the state
+        back to ENABLED."""
         if not self._activate_cu_workaround(target):
             return
-        for gpu in target.gpu_ids:
-            dev = self.kfd.devices[gpu]
-            if not _is_per_vmid_supported(dev) or not dev.uses_mes:
+        devices = [self.kfd.devices[gpu] for gpu in target.gpu_ids]
+        for i, dev in enumerate(devices):
+            if not _is_per_vmid_supported(dev):
+                if dev.trap_debug_vmid_reserved:          # "Trap debug id already reserved"
+                    target.runtime_state = c.DEBUG_RUNTIME_STATE_ENABLED_BUSY
+                    self._unwind_devices(target, devices[:i])
+                    for q in target.queues.values():      # kfd_dbg_set_workaround(target, false)
+                        q.is_dbg_wa = False
+                    return
+                dev.trap_debug_vmid_reserved = True
+                self.kfd.execute_queues(dev)
+            elif not dev.uses_mes:
                 self.kfd.execute_queues(dev)
 
     def _activate_cu_workaround(self, target):
@@ -232,7 +246,8 @@ class DbgTrap:
         (kfd_dbg_trap_set_flags(target, &flags) with flags 0), each of which refreshes the runlist of
         every per-VMID HWS device of the target, whatever the flags were (0 passes every capability
         check, and neither compares old with new); then per device, the debug VMID is released on
-        one without per-VMID debugging (release_debug_trap_vmid: an unmap, SET_RESOURCES and a map)
+        one without per-VMID debugging where one is reserved (release_debug_trap_vmid: an unmap,
+        SET_RESOURCES and a map; -EINVAL and nothing unmapped where none is, see _unwind_devices)
         and a per-VMID HWS device's runlist is refreshed again (debug_refresh_runlist, which returns
         before unmapping anything on the others). On MES each of those is a set_shader_debugger
         call that unmaps nothing (kfd_dbg_set_mes_debug_mode). Last the CU workaround goes
@@ -245,11 +260,25 @@ class DbgTrap:
         target.dbg_flags = 0                      # kfd_dbg_trap_set_flags(target, 0)
         for dev in refreshed:
             self.kfd.execute_queues(dev)
-        for dev in devices:                       # release_debug_trap_vmid / debug_refresh_runlist
-            if not dev.uses_mes:
-                self.kfd.execute_queues(dev)
+        self._unwind_devices(target, devices)
         for q in target.queues.values():
             q.is_dbg_wa = False
+
+    def _unwind_devices(self, target, devices):
+        """kfd_debug.c: kfd_dbg_trap_deactivate's per-device loop: on a device without per-VMID
+        debugging release_debug_trap_vmid (kfd_device_queue_manager.c), which frees the device's
+        debug VMID whoever reserved it (an unmap, SET_RESOURCES and a map: one remap) and, where none
+        is reserved (an activation deferred to a RUNTIME_ENABLE that never came, or refused with
+        -EBUSY), answers -EINVAL before unmapping anything; its debug_refresh_runlist returns before
+        unmapping. A per-VMID HWS device has its runlist refreshed (one remap); a MES device takes a
+        set_shader_debugger call that unmaps nothing."""
+        for dev in devices:
+            if not _is_per_vmid_supported(dev):
+                if dev.trap_debug_vmid_reserved:
+                    dev.trap_debug_vmid_reserved = False
+                    self.kfd.execute_queues(dev)
+            elif not dev.uses_mes:
+                self.kfd.execute_queues(dev)
 
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
@@ -511,7 +540,9 @@ def _first_positions(ids):
 
 
 def _user_queue_type(queue_type):
-    """set_queue_type_for_user: SDMA_BY_ENG_ID has no user type (0xffffffff + WARN in 7.2)."""
+    """kfd_device_queue_manager.c: set_queue_type_for_user: SDMA_BY_ENG_ID has no user type
+    (0xffffffff + WARN_ONCE). A queue created as SDMA_BY_ENG_ID never has it here: allocate_sdma_queue
+    made it SDMA or SDMA_XGMI (kernel.py: create_queue); only a queue adopted with that type would."""
     return 0xFFFFFFFF if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID else queue_type
 
 

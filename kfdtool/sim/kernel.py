@@ -158,6 +158,10 @@ class SimDevice:
     remaps: int = 0                  # device-wide unmap+map cycles (HWS runlist refreshes)
     node_id: int = 0                 # kfd_node.node_id: its partition of the GPU (0 unpartitioned)
     sdma: SdmaLayout = None
+    # kfd_device_queue_manager.c: dqm->trap_debug_vmid != 0: the device's debug VMID is reserved
+    # (reserve_debug_trap_vmid), by whichever process: the dqm records no holder, and
+    # release_debug_trap_vmid frees it for any caller
+    trap_debug_vmid_reserved: bool = False
 
     @property
     def gfx_target_version(self):
@@ -545,7 +549,15 @@ class SimKfd:
         except SimErrno:
             self.queue_unref_bo_vas(proc, dev.gpu_id, taken.values())
             raise
-        q = SimQueue(qid, dev.gpu_id, a.queue_type, a.ring_base_address, a.ring_size,
+        # kfd_device_queue_manager.c: allocate_sdma_queue turns an SDMA_BY_ENG_ID queue into
+        # KFD_QUEUE_TYPE_SDMA or KFD_QUEUE_TYPE_SDMA_XGMI by the engine it got (q->properties.type),
+        # before pqm_create_queue adds its procfs entry: sysfs `type` (kfd_process.c:
+        # kfd_procfs_queue_show prints properties.type) and the DBG_TRAP queue snapshot
+        # (set_queue_type_for_user) show that type, never SDMA_BY_ENG_ID
+        queue_type = a.queue_type
+        if queue_type == c.KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID:
+            queue_type = c.KFD_IOC_QUEUE_TYPE_SDMA_XGMI if sdma[0] else c.KFD_IOC_QUEUE_TYPE_SDMA
+        q = SimQueue(qid, dev.gpu_id, queue_type, a.ring_base_address, a.ring_size,
                      a.write_pointer_address, a.read_pointer_address, a.ctx_save_restore_address,
                      a.ctx_save_restore_size, a.ctl_stack_size, a.queue_percentage & 0xFF, a.queue_priority,
                      (a.queue_percentage >> 8) & 0xFF, meta, buffers=taken)
