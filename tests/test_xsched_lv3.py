@@ -174,6 +174,39 @@ def test_lv3_on_a_kernel_before_7_2_makes_each_call_as_the_ptrace_parent(setup):
     assert s.lp_running() and ptrace.tracer_of(s.lp.pid) in (0, None)
 
 
+@pytest.mark.parametrize("setup", [("vega10", "1.23")], indirect=True)
+def test_a_gpu_with_one_debug_vmid_takes_one_batch_job_at_lv3_and_the_next_when_it_leaves(setup):
+    """kfd_device_queue_manager.c: reserve_debug_trap_vmid: a GPU without per-VMID debugging (GC 9
+    before 9.4.2, here a Vega10) has one debug VMID, so a second debugged process's activation is
+    ENABLED_BUSY (kfd_debug.c: kfd_dbg_trap_activate) and cannot be suspended. The daemon keeps that
+    batch job at Lv1 and says why, preempts the one at Lv3, and takes the other to Lv3 once the
+    first has gone."""
+    s = setup
+    env = dict(os.environ)
+    second, = spawn_workers("lp-train", env=env, machine="vega10")
+    try:
+        hp, lp = s.client(s.hp, 10), s.client(s.lp, 0)
+        wait_for(lambda: s.board.read_slot(lp).level == 3, "the first batch job at Lv3",
+                 why=lambda: s.status(s.lp)["why"])
+        other = s.client(second, 0)
+        wait_for(lambda: "one process at a time" in s.status(second)["why"], "the second one's reason",
+                 why=lambda: s.status(second)["why"])
+        assert s.board.read_slot(other).level == 1
+        s.one_request(hp)                                   # the first is still preempted
+        assert s.status(s.lp)["suspends"] == 1
+        s.lp.kill()
+        s.lp.wait()
+        wait_for(lambda: s.board.read_slot(other).level == 3, "the second batch job at Lv3", timeout=10,
+                 why=lambda: s.status(second)["why"])
+        s.set_active(hp, True)
+        wait_for(lambda: all(q["suspended"] for q in s.queues(second)), "the second one suspended")
+        s.set_active(hp, False)
+        wait_for(lambda: not any(q["suspended"] for q in s.queues(second)), "the second one resumed")
+    finally:
+        second.kill()
+        second.wait()
+
+
 def test_daemon_killed_with_sigkill_leaves_nothing_suspended(setup):
     s = setup
     hp, lp = s.hp_holds_lp()

@@ -58,6 +58,7 @@ from .policy import GAP_HISTORY, hold_for, shares_device
 
 LV1, LV3 = 1, 3
 RUNTIME_ON = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED
+RUNTIME_BUSY = kfd_dbg_runtime_state.DEBUG_RUNTIME_STATE_ENABLED_BUSY
 # A stopped process's activation is excused (it holds nobody) at most this long after it stopped
 # (plus one sync): each look reads /proc/<pid>/stat of every active client.
 STOPPED_CHECK_S = 0.05
@@ -417,6 +418,16 @@ class Lv3Engine:
                 return self._stay_lv1(c, "Lv1: a GPU older than gfx9 has no debugger support")
             return self._stay_lv1(c, f"Lv1: DBG_TRAP ENABLE failed ({e})")
         state = c.mech.runtime_state
+        if state == RUNTIME_BUSY:
+            # kfd_debug.c: kfd_dbg_trap_activate could not take the GPU for the debugger: on a GPU
+            # without per-VMID debugging (GC 9 before 9.4.2: one debug VMID a device,
+            # reserve_debug_trap_vmid's -EBUSY) another process is being debugged, or (GC 11.0.0-11.0.3)
+            # one of its queues has a CU mask the debugger's workaround cannot take. Asked again later:
+            # the other session may end
+            self._release(c)
+            return self._stay_lv1(c, "Lv1: its GPU lets the debugger take one process at a time (no per-VMID "
+                                     "debugging before GC 9.4.2) and another has it, or a queue of it has a CU "
+                                     "mask (ENABLED_BUSY)", final=False, now=now)
         if state != RUNTIME_ON:
             # its GPU runtime is off (shutting down, or not up yet) or failed to take the debugger:
             # SUSPEND_QUEUES would be EPERM, so its gate keeps gating until it is on
