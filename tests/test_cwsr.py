@@ -1027,3 +1027,34 @@ def test_an_smi_events_call_among_calls_back_to_back_still_gets_its_fd(sim):
         os.close(events.anon_fd)
     finally:
         cl.close()
+
+
+def test_a_gpu_with_one_debug_vmid_suspends_one_process_at_a_time(sim_dir):
+    """kfd_device_queue_manager.c: reserve_debug_trap_vmid: a GPU without per-VMID debugging (a
+    Vega10) has one debug VMID, so a second process's debug session is ENABLED_BUSY and its queues
+    cannot be suspended: `suspend` says so in one line (no SUSPEND_QUEUES is made, the kernel would
+    answer EPERM), and once the first session has ended a new one suspends it."""
+    vega = start("vega10")
+    first_pid = spawn_workload("vega10", "first", queues=1, waves=10)
+    second_pid = spawn_workload("vega10", "second", queues=1, waves=10)
+    kfd = KfdDevice(vega.open_kfd())
+    try:
+        first = DebugTrapSuspend(kfd, first_pid)
+        assert first.suspend().ok
+        second = DebugTrapSuspend(kfd, second_pid)
+        with pytest.raises(errors.PermissionDenied, match="ENABLED_BUSY"):
+            second.suspend()
+        second.close()
+        first.resume()
+        first.close()
+        again = DebugTrapSuspend(kfd, second_pid)
+        assert again.suspend().ok
+        again.resume()
+        again.close()
+        with vega.control() as ctl:
+            for pid in (first_pid, second_pid):
+                assert not any(q["suspended"] for q in ctl("queues", pid=pid)["queues"])
+    finally:
+        for pid in (first_pid, second_pid):
+            os.kill(pid, signal.SIGKILL)
+        kfd.close()
