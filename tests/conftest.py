@@ -113,3 +113,13 @@ def sim_dir(tmp_path_factory):
         os.environ.pop("KFDTOOL_SIM_DIR", None)
     else:
         os.environ["KFDTOOL_SIM_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def composite_612(sim_dir):
+    """The composite machine (MES, per-VMID and older GPUs side by side) under the 6.12 profile,
+    stopped after the module: other tests start it with another ABI."""
+    from kfdtool.sim import runner
+    from simhelpers import start
+    yield start("composite", "1.17")
+    runner.stop("composite")

@@ -24,9 +24,8 @@ import pytest
 from kfdtool.cli.sim_cmd import spawn_workload
 from kfdtool.cwsr import ptrace
 from kfdtool.ioctls import constants as c
-from kfdtool.sim import runner
 from kfdtool.sim.protocol import IOCTL, ProtocolError, frame, recv_frame
-from simhelpers import Client, errno_of, start
+from simhelpers import Client, errno_of
 
 
 def on_thread(fn, *args):
@@ -275,12 +274,6 @@ def test_disable_refreshes_a_per_vmid_hws_device_three_times_whatever_the_flags(
         before = remaps(client)[gpu]
         client.dbg("DISABLE")
         assert remaps(client)[gpu] == before + 3
-
-
-@pytest.fixture(scope="module")
-def composite_612(sim_dir):
-    yield start("composite", "1.17")
-    runner.stop("composite")              # other tests start it with another ABI
 
 
 def test_disable_refreshes_each_kind_of_device_as_the_kernel_does(composite_612):

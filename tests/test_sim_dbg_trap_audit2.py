@@ -23,8 +23,7 @@ from kfdtool import errors
 from kfdtool.cwsr import ptrace
 from kfdtool.ioctls import constants as c
 from kfdtool.ioctls import structs as s
-from kfdtool.sim import runner
-from simhelpers import Client, errno_of, start
+from simhelpers import Client, errno_of
 
 UNWRITABLE = 0x1000                       # a user address no region of the call covers
 
@@ -80,12 +79,6 @@ def test_enable_whose_runtime_info_copy_faults_leaves_the_target_not_debug_enabl
     assert errno_of(lambda: client.dbg("DISABLE")) == errno.EINVAL
     client.enable_debug()                            # no EALREADY
     client.dbg("DISABLE")
-
-
-@pytest.fixture(scope="module")
-def composite_612(sim_dir):
-    yield start("composite", "1.17")
-    runner.stop("composite")              # other tests start it with another ABI
 
 
 @pytest.fixture
