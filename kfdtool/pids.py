@@ -3,20 +3,21 @@ import os
 import selectors
 
 
-def _stat(pid):
-    """/proc/PID/stat's fields after "(comm)" (which may hold spaces and ')'), or None."""
+def _stat(pid, tid=None):
+    """/proc/PID/stat's fields after "(comm)" (which may hold spaces and ')'), or None; with `tid`,
+    those of that thread of PID (/proc/PID/task/TID/stat)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat", "rb") as f:
             data = f.read()
         return data[data.rindex(b")") + 2:].split()
     except (OSError, ValueError):
         return None
 
 
-def state_and_start(pid):
-    """(state letter, start time in clock ticks since boot) of `pid` from one read of
-    /proc/PID/stat, or (None, None) where this /proc does not show the process."""
-    fields = _stat(pid)
+def state_and_start(pid, tid=None):
+    """(state letter, start time in clock ticks since boot) of `pid` (or of its thread `tid`) from
+    one read of /proc/PID/stat, or (None, None) where this /proc does not show it."""
+    fields = _stat(pid, tid)
     try:
         return fields[0].decode(), int(fields[19])
     except (TypeError, IndexError, ValueError):
@@ -29,10 +30,10 @@ def process_state(pid):
     return state_and_start(pid)[0]
 
 
-def start_time(pid):
-    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None: with the
-    pid, it names one process even after the pid is reused."""
-    return state_and_start(pid)[1]
+def start_time(pid, tid=None):
+    """When `pid` (or its thread `tid`) started, in clock ticks since boot (/proc/PID/stat field
+    22), or None: with the id, it names one process (thread) even after the id is reused."""
+    return state_and_start(pid, tid)[1]
 
 
 def alive(pid):

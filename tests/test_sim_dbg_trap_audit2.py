@@ -242,7 +242,7 @@ def test_criu_op_admits_the_tracer_thread_and_not_its_process(tmp_path, traced_b
     CAP_CHECKPOINT_RESTORE), another thread of the same process, its main thread included, is
     -EBADF ("Using KFD FD in wrong process"), as is a thread id whose thread has been replaced (the
     start time differs)."""
-    from kfdtool.sim.dbg_trap import thread_start
+    from kfdtool.pids import start_time
     from kfdtool.sim.memory import UserMemory
     victim, tracer = traced_by_a_thread
     me = os.getpid()
@@ -257,6 +257,6 @@ def test_criu_op_admits_the_tracer_thread_and_not_its_process(tmp_path, traced_b
         finally:
             kfd.dbg.calling_thread = None
     admitted = -errno.EINVAL if os.getuid() == 0 else -errno.EACCES
-    assert criu_from((me, tracer, thread_start(me, tracer))) == admitted
-    assert criu_from((me, me, thread_start(me, me))) == -errno.EBADF
-    assert criu_from((me, tracer, thread_start(me, tracer) - 1)) == -errno.EBADF
+    assert criu_from((me, tracer, start_time(me, tracer))) == admitted
+    assert criu_from((me, me, start_time(me, me))) == -errno.EBADF
+    assert criu_from((me, tracer, start_time(me, tracer) - 1)) == -errno.EBADF

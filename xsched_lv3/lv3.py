@@ -42,7 +42,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kfdtool.cwsr.debugtrap import DebugTrapSuspend, availability, make_back_to_back
+from kfdtool.cwsr.debugtrap import ENABLED_BUSY_WHY, DebugTrapSuspend, availability, make_back_to_back
 from kfdtool.cwsr.holds import Hold
 from kfdtool.cwsr.params import read_parameters
 from kfdtool.cwsr.sizing import cwsr_sizes
@@ -425,9 +425,7 @@ class Lv3Engine:
             # one of its queues has a CU mask the debugger's workaround cannot take. Asked again later:
             # the other session may end
             self._release(c)
-            return self._stay_lv1(c, "Lv1: its GPU lets the debugger take one process at a time (no per-VMID "
-                                     "debugging before GC 9.4.2) and another has it, or a queue of it has a CU "
-                                     "mask (ENABLED_BUSY)", final=False, now=now)
+            return self._stay_lv1(c, f"Lv1: {ENABLED_BUSY_WHY}", final=False, now=now)
         if state != RUNTIME_ON:
             # its GPU runtime is off (shutting down, or not up yet) or failed to take the debugger:
             # SUSPEND_QUEUES would be EPERM, so its gate keeps gating until it is on

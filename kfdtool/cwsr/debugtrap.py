@@ -36,10 +36,10 @@ MAX_GRACE = 0xFF           # CP_IQ_WAIT_TIME2.SCH_WAVE is 8 bits wide
 DEVICE_ENTRIES = 64        # MAX_GPU_INSTANCE: no process has more devices
 FIRST_MES_GFX = 110000     # gfx11+: queues are scheduled by MES firmware, not HWS runlists
 MES_IGNORES_GRACE = "the MES scheduler (gfx11+) ignores the grace period"
-# what a debug session whose activation the kernel refused (runtime_state ENABLED_BUSY) cannot do, and why
-ENABLED_BUSY_WHY = ("the kernel could not activate the debugger on the target (ENABLED_BUSY): its GPU has no "
-                    "per-VMID debugging (GC 9 before 9.4.2) and is debugging another process, or a queue of it "
-                    "has a CU mask (GC 11.0.0-11.0.3); its queues cannot be suspended until that ends")
+# why the kernel refused to activate a debug session (runtime_state ENABLED_BUSY, kfd_debug.c:
+# kfd_dbg_trap_activate): its queues cannot be suspended until the session ends
+ENABLED_BUSY_WHY = ("its GPU lets the debugger take one process at a time (no per-VMID debugging before GC "
+                    "9.4.2) and another has it, or a queue of it has a CU mask (ENABLED_BUSY)")
 SNAPSHOT_SPARE = 8         # GET_QUEUE_SNAPSHOT: room for this many queues created since the last one
 
 
@@ -317,7 +317,8 @@ class DebugTrapSuspend(Mechanism):
             # the kernel would answer EPERM (kfd_ioctl_set_debug_trap: runtime_state not ENABLED), and
             # no later call changes that: the activation at ENABLE was refused (kfd_debug.c:
             # kfd_dbg_trap_activate) until this session ends
-            raise PermissionDenied("DBG_TRAP", errno.EPERM, ENABLED_BUSY_WHY, op="SUSPEND_QUEUES")
+            raise PermissionDenied("DBG_TRAP", errno.EPERM, f"{ENABLED_BUSY_WHY}; its queues cannot be suspended "
+                                   "while this debug session lasts", op="SUSPEND_QUEUES")
         if qids is None or not self._entries or any(q not in self._entries for q in qids):
             self.queues()
         entries = self._entries

@@ -7,6 +7,7 @@ import os
 
 from ..ioctls import constants as c
 from ..ioctls import structs as s
+from ..pids import start_time
 from .errors import Blocked, SimErrno
 
 OPS = c.kfd_dbg_trap_operations
@@ -137,7 +138,7 @@ class DbgTrap:
         if thread is None or thread[1] != current:
             return True                  # the calling process's own id: the kernel vouched for it
         pid, tid, started = thread
-        return thread_start(pid, tid) == started
+        return start_time(pid, tid) == started
 
     def _lookup(self, pid):
         """kfd_process.c: kfd_lookup_process_by_pid: the task `pid` names, which may be any thread of
@@ -220,8 +221,16 @@ class DbgTrap:
                     return
                 dev.trap_debug_vmid_reserved = True
                 self.kfd.execute_queues(dev)
-            elif not dev.uses_mes:
-                self.kfd.execute_queues(dev)
+            else:
+                self._refresh_runlist(dev)
+
+    def _refresh_runlist(self, dev):
+        """kfd_device_queue_manager.c: debug_refresh_runlist, as the debugger's calls make it on a
+        per-VMID device: an unmap and map of the whole device under HWS; on MES a set_shader_debugger
+        call instead (kfd_dbg_set_mes_debug_mode), which unmaps nothing. On a device without per-VMID
+        debugging it returns before unmapping anything (debug_lock_and_unmap)."""
+        if _is_per_vmid_supported(dev) and not dev.uses_mes:
+            self.kfd.execute_queues(dev)
 
     def _activate_cu_workaround(self, target):
         """kfd_debug.c: kfd_dbg_set_workaround(target, true): on GC 11.0.0-11.0.3 the debugger
@@ -254,12 +263,11 @@ class DbgTrap:
         (kfd_dbg_set_workaround(target, false))."""
         self._resume(target, None)
         devices = [self.kfd.devices[gpu] for gpu in target.gpu_ids]
-        refreshed = [dev for dev in devices if _is_per_vmid_supported(dev) and not dev.uses_mes]
-        for dev in refreshed:                     # kfd_dbg_trap_set_wave_launch_mode(target, 0)
-            self.kfd.execute_queues(dev)
+        for dev in devices:                       # kfd_dbg_trap_set_wave_launch_mode(target, 0)
+            self._refresh_runlist(dev)
         target.dbg_flags = 0                      # kfd_dbg_trap_set_flags(target, 0)
-        for dev in refreshed:
-            self.kfd.execute_queues(dev)
+        for dev in devices:
+            self._refresh_runlist(dev)
         self._unwind_devices(target, devices)
         for q in target.queues.values():
             q.is_dbg_wa = False
@@ -277,8 +285,8 @@ class DbgTrap:
                 if dev.trap_debug_vmid_reserved:
                     dev.trap_debug_vmid_reserved = False
                     self.kfd.execute_queues(dev)
-            elif not dev.uses_mes:
-                self.kfd.execute_queues(dev)
+            else:
+                self._refresh_runlist(dev)
 
     def disable(self, target):
         """kfd_dbg_trap_disable: resume every suspended queue, drop the debugger. A running
@@ -342,8 +350,7 @@ class DbgTrap:
             raise SimErrno(errno.EACCES)
         target.dbg_flags, args.flags = args.flags, previous
         for dev in devices:
-            if _is_per_vmid_supported(dev) and not dev.uses_mes:
-                self.kfd.execute_queues(dev)
+            self._refresh_runlist(dev)
         return 0
 
     def _refused_flags(self, dev):
@@ -555,17 +562,6 @@ def ptrace_parent(pid):
     /proc/<pid>/status: the id of the thread that attached (fs/proc/array.c: task_state prints
     task_pid_nr_ns(tracer): a thread id, not its process's), 0 when not traced."""
     return _status_field(pid, "TracerPid:") or 0
-
-
-def thread_start(pid, tid):
-    """When thread `tid` of process `pid` started (/proc/<pid>/task/<tid>/stat's starttime, in clock
-    ticks since boot), None if there is no such thread: with its id, it names one thread for good."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return int(fields[19])          # field 22 counted from the pid; [0] here is field 3, the state
-    except (OSError, ValueError, IndexError, OverflowError):
-        return None
 
 
 def _thread_group(pid):

@@ -213,9 +213,6 @@ class SimKfd:
         self.processes = {}
         self.signal_pages = {}        # pid -> SignalPage, once the process has one (kfd_process.signal_page)
         self.mapped_on = {}           # (pid, handle) -> gpu_ids the BO is mapped on (kfd_mem_attachment.is_mapped)
-        # (pid, handle, gpu_id) -> queue_refcount of the BO's mapping in that GPU's VM (struct amdgpu_bo_va,
-        # one per BO and VM), absent where 0: what live queues hold (kfd_queue.c: kfd_queue_buffer_get)
-        self.queue_refs = {}
         self.patched_preempt = False
         self.sysfs = ProcSysfs(kfd_dir / "proc", profile)
         self.smi = SmiHub(profile)
@@ -290,8 +287,6 @@ class SimKfd:
         self.signal_pages.pop(pid, None)
         for key in [k for k in self.mapped_on if k[0] == pid]:
             del self.mapped_on[key]
-        for key in [k for k in self.queue_refs if k[0] == pid]:       # pqm_uninit: kfd_queue_unref_bo_vas
-            del self.queue_refs[key]
         # its SMI fds stay: kfd_smi_ev_release ends a client at its file's last close only (one
         # passed to another process outlives the opener), which the hub sees as the peer's hangup
         self.sysfs.remove_process(pid)
@@ -440,62 +435,46 @@ class SimKfd:
                 return bo
         raise SimErrno(errno.EINVAL, f"{what}: {addr:#x} is not mapped")
 
-    def queue_buffer_get(self, proc, gpu_id, addr, size, what, taken):
-        """kfd_queue.c: kfd_queue_buffer_get: find_bo, then the mapping's queue_refcount++ (the BO
-        goes into `taken` under `what`, as queue_properties keeps it)."""
-        bo = self.find_bo(proc, gpu_id, addr, size, what)
-        key = (proc.pid, bo.handle, gpu_id)
-        self.queue_refs[key] = self.queue_refs.get(key, 0) + 1
-        taken[what] = bo
-        return bo
-
-    def queue_unref_bo_vas(self, proc, gpu_id, bos):
-        """kfd_queue.c: kfd_queue_unref_bo_vas / kfd_queue_unref_bo_va: for each BO a queue took, its
-        mapping in the queue's GPU VM (amdgpu_vm_bo_find; none once the BO is freed) loses one
-        queue_refcount, never going below 0."""
-        for bo in bos:
-            key = (proc.pid, bo.handle, gpu_id)
-            if proc.bos.get(bo.handle) is bo and self.queue_refs.get(key, 0) > 0:
-                self.queue_refs[key] -= 1
-                if not self.queue_refs[key]:
-                    del self.queue_refs[key]
-
     def acquire_queue_buffers(self, proc, dev, a, meta, is_compute):
         """kfd_queue.c: kfd_queue_acquire_buffers, in its order: the write and read pointers (one page
         each), the ring, then for compute queues the EOP buffer where one is given and the CWSR area
-        (its sizes first). Each is looked up as a GPU VA mapping on the queue's GPU and takes a
-        queue_refcount on it; on an error those taken so far are given back
-        (kfd_queue_unref_bo_vas) and the error returned. Returns the BOs taken."""
-        taken, gpu, cwsr = {}, dev.gpu_id, dev.cwsr
-        try:
-            self.queue_buffer_get(proc, gpu, a.write_pointer_address, 4096, "wptr", taken)
-            self.queue_buffer_get(proc, gpu, a.read_pointer_address, 4096, "rptr", taken)
-            # the ring as expected_queue_size: PAGE_ALIGN(queue_size + metadata_queue_size) in 7.2,
-            # queue_size as given in 6.12 (under a page: only the ring's start is checked)
-            ring = a.ring_size + meta
-            if self.profile.queue_size_page_aligned:
-                ring = page_align(ring)
-            self.queue_buffer_get(proc, gpu, a.ring_base_address, ring, "ring", taken)
-            if is_compute and a.eop_buffer_address:
-                # an EOP buffer, where one is given (AQL queues on gfx9.4.x need none), is at least
-                # the node's size and one mapping of that, in pages
-                eop_size = cwsr.eop_buffer_size if cwsr else 4096
-                if a.eop_buffer_size < eop_size:
-                    raise SimErrno(errno.EINVAL, f"eop_buffer_size {a.eop_buffer_size} < the node's {eop_size}")
-                eop = page_align(a.eop_buffer_size)
-                self.queue_buffer_get(proc, gpu, a.eop_buffer_address, eop, "eop", taken)
-            if is_compute and dev.cwsr_enabled:
-                if a.ctl_stack_size != cwsr.ctl_stack_size:
-                    raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
-                if a.ctx_save_restore_size < cwsr.cwsr_size:
-                    raise SimErrno(errno.EINVAL, "ctx_save_restore_size < cwsr_size")
-                mapping = page_align((a.ctx_save_restore_size + cwsr.debug_memory_size) * cwsr.num_xcc)
-                # (the kernel's fallback, an SVM range, does not exist here: SVM is not simulated)
-                self.queue_buffer_get(proc, gpu, a.ctx_save_restore_address, mapping, "cwsr", taken)
-        except SimErrno:
-            self.queue_unref_bo_vas(proc, gpu, taken.values())
-            raise
+        (its sizes first), each looked up as a GPU VA mapping on the queue's GPU (find_bo). Returns
+        the BOs found, by name: the queue keeps them (SimQueue.buffers), and each is a queue_refcount
+        on its mapping until the queue gives it back (`queue_holds`). On an error none is kept, as
+        the kernel gives back those it took (kfd_queue_unref_bo_vas)."""
+        gpu, cwsr = dev.gpu_id, dev.cwsr
+        taken = {"wptr": self.find_bo(proc, gpu, a.write_pointer_address, 4096, "wptr"),
+                 "rptr": self.find_bo(proc, gpu, a.read_pointer_address, 4096, "rptr")}
+        # the ring as expected_queue_size: PAGE_ALIGN(queue_size + metadata_queue_size) in 7.2,
+        # queue_size as given in 6.12 (under a page: only the ring's start is checked)
+        ring = a.ring_size + meta
+        if self.profile.queue_size_page_aligned:
+            ring = page_align(ring)
+        taken["ring"] = self.find_bo(proc, gpu, a.ring_base_address, ring, "ring")
+        if is_compute and a.eop_buffer_address:
+            # an EOP buffer, where one is given (AQL queues on gfx9.4.x need none), is at least
+            # the node's size and one mapping of that, in pages
+            eop_size = cwsr.eop_buffer_size if cwsr else 4096
+            if a.eop_buffer_size < eop_size:
+                raise SimErrno(errno.EINVAL, f"eop_buffer_size {a.eop_buffer_size} < the node's {eop_size}")
+            taken["eop"] = self.find_bo(proc, gpu, a.eop_buffer_address, page_align(a.eop_buffer_size), "eop")
+        if is_compute and dev.cwsr_enabled:
+            if a.ctl_stack_size != cwsr.ctl_stack_size:
+                raise SimErrno(errno.EINVAL, "ctl_stack_size must equal the node's")
+            if a.ctx_save_restore_size < cwsr.cwsr_size:
+                raise SimErrno(errno.EINVAL, "ctx_save_restore_size < cwsr_size")
+            mapping = page_align((a.ctx_save_restore_size + cwsr.debug_memory_size) * cwsr.num_xcc)
+            # (the kernel's fallback, an SVM range, does not exist here: SVM is not simulated)
+            taken["cwsr"] = self.find_bo(proc, gpu, a.ctx_save_restore_address, mapping, "cwsr")
         return taken
+
+    @staticmethod
+    def queue_holds(proc, handle, gpu_id):
+        """The BO's mapping on `gpu_id` has a queue_refcount (struct amdgpu_bo_va, one per BO and VM):
+        a live queue of the process on that GPU took it (kfd_queue_buffer_get) and has not given it
+        back (pqm_destroy_queue, pqm_update_queue_properties: kfd_queue_unref_bo_va)."""
+        bo = proc.bos.get(handle)
+        return any(b is bo for q in proc.queues_on(gpu_id) for b in q.buffers.values())
 
     def execute_queues(self, dev, grace_period=None):
         """HWS: unmap every dynamic queue of the device, then map the active ones again
@@ -533,22 +512,16 @@ class SimKfd:
                 raise SimErrno(errno.EINVAL)
         is_compute = a.queue_type in (c.KFD_IOC_QUEUE_TYPE_COMPUTE, c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL)
         # kfd_ioctl_create_queue: kfd_queue_acquire_buffers before pqm_create_queue, whose failure
-        # gives the buffers back (err_create_queue: kfd_queue_unref_bo_vas, kfd_queue_release_buffers)
-        taken = {}
-        if self.checks_queue_buffers:
-            taken = self.acquire_queue_buffers(proc, dev, a, meta, is_compute)
-        try:
-            if len(proc.queues_on(dev.gpu_id)) >= dev.max_queues_per_process:
-                raise SimErrno(errno.ENOSPC)
-            qid = proc.lowest_free_qid()
-            if qid is None:
-                raise SimErrno(errno.ENOMEM)
-            # dqm's create_queue (create_queue_cpsch / _nocpsch): allocate_sdma_queue, then
-            # allocate_doorbell
-            sdma = None if is_compute else self.allocate_sdma_queue(dev, a.queue_type, sdma_engine_id)
-        except SimErrno:
-            self.queue_unref_bo_vas(proc, dev.gpu_id, taken.values())
-            raise
+        # gives the buffers back (err_create_queue: kfd_queue_unref_bo_vas, kfd_queue_release_buffers):
+        # here they are held only by the queue made below
+        taken = self.acquire_queue_buffers(proc, dev, a, meta, is_compute) if self.checks_queue_buffers else {}
+        if len(proc.queues_on(dev.gpu_id)) >= dev.max_queues_per_process:
+            raise SimErrno(errno.ENOSPC)
+        qid = proc.lowest_free_qid()
+        if qid is None:
+            raise SimErrno(errno.ENOMEM)
+        # dqm's create_queue (create_queue_cpsch / _nocpsch): allocate_sdma_queue, then allocate_doorbell
+        sdma = None if is_compute else self.allocate_sdma_queue(dev, a.queue_type, sdma_engine_id)
         # kfd_device_queue_manager.c: allocate_sdma_queue turns an SDMA_BY_ENG_ID queue into
         # KFD_QUEUE_TYPE_SDMA or KFD_QUEUE_TYPE_SDMA_XGMI by the engine it got (q->properties.type),
         # before pqm_create_queue adds its procfs entry: sysfs `type` (kfd_process.c:
@@ -648,8 +621,8 @@ class SimKfd:
         q = self.find_queue(proc, a.queue_id, errno.EINVAL)
         # kfd_process_queue_manager.c: pqm_destroy_queue gives back the queue_refcount of its buffers'
         # mappings (kfd_queue_unref_bo_vas) before dqm's destroy_queue, so they drop even while that
-        # sleeps on a suspended queue, and again on a second destroy's EBUSY (never below 0)
-        self.queue_unref_bo_vas(proc, q.gpu_id, q.buffers.values())
+        # sleeps on a suspended queue (and a second destroy's EBUSY has none left to give)
+        q.buffers = {}
         # its procfs entry goes once dqm's destroy_queue has returned (pqm_destroy_queue calls
         # kfd_procfs_del_queue after it since 6.12; 6.1 before it, which no 6.1 call can tell: its
         # destroy never sleeps on a suspended queue, having no DBG_TRAP): listed while the destroy
@@ -698,14 +671,11 @@ class SimKfd:
             # only the start counts), -EFAULT if it is not one mapping of that size; then the old
             # ring's mapping gives back its queue_refcount (kfd_queue_unref_bo_va) and the new one
             # keeps the one just taken. A NULL ring (disabling the queue) keeps the old ring's.
-            taken = {}
             try:
-                self.queue_buffer_get(proc, q.gpu_id, a.ring_base_address, ring_size + q.metadata_ring_size,
-                                      "ring", taken)
+                ring = self.find_bo(proc, q.gpu_id, a.ring_base_address, ring_size + q.metadata_ring_size, "ring")
             except SimErrno:
                 raise SimErrno(errno.EFAULT, "the ring is not one mapping of its size on the queue's GPU") from None
-            self.queue_unref_bo_vas(proc, q.gpu_id, [q.buffers["ring"]] if "ring" in q.buffers else [])
-            q.buffers["ring"] = taken["ring"]
+            q.buffers["ring"] = ring
         # pqm_update_queue_properties writes the queue's properties, then calls dqm's update_queue
         q.sync_progress()
         was_active = q.is_active
@@ -853,7 +823,7 @@ class SimKfd:
             gpu_id = int.from_bytes(raw[4 * i:4 * i + 4], "little")
             if gpu_id not in proc.gpu_ids or (unmap and gpu_id not in mapped_on):
                 raise SimErrno(errno.EINVAL)
-            if unmap and self.queue_refs.get((proc.pid, a.handle, gpu_id)):
+            if unmap and self.queue_holds(proc, a.handle, gpu_id):
                 raise SimErrno(errno.EBUSY, f"a queue uses this BO's mapping on GPU {gpu_id:#x}")
             (mapped_on.discard if unmap else mapped_on.add)(gpu_id)
             a.n_success = i + 1

@@ -51,11 +51,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from ..pids import ExitWatch, alive
+from ..pids import ExitWatch, alive, start_time
 from ..selectloop import ConnectionLoop
 from ..ratelog import RateLimitedLog
 from . import clock
-from .dbg_trap import thread_start
 from .errors import Blocked, SimErrno
 from .execution import Execution, WakeTimer
 from .kernel import SimKfd
@@ -895,7 +894,7 @@ def _thread_of(pid, tid):
                     return None                  # a nested namespace: its tids are not ours
     except (OSError, ValueError):
         return None
-    started = thread_start(pid, tid)
+    started = start_time(pid, tid)
     return None if started is None else (tid, started)
 
 

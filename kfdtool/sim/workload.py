@@ -51,10 +51,13 @@ class FakeRuntime:
 
     def map_to_gpu(self, handle, gpu_id):
         """MAP_MEMORY_TO_GPU of one BO on one GPU, as libhsakmt's hsaKmtMapMemoryToGPU."""
-        ids = (ctypes.c_uint32 * 1)(gpu_id)
-        self.kfd.ioctl("MAP_MEMORY_TO_GPU", s.kfd_ioctl_map_memory_to_gpu_args(
-            handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
+        self._on_gpu("MAP_MEMORY_TO_GPU", s.kfd_ioctl_map_memory_to_gpu_args, handle, gpu_id)
         self.mapped[handle] = gpu_id
+
+    def _on_gpu(self, name, args_type, handle, gpu_id):
+        """MAP or UNMAP_MEMORY_TO/FROM_GPU of one BO on one GPU."""
+        ids = (ctypes.c_uint32 * 1)(gpu_id)
+        self.kfd.ioctl(name, args_type(handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
 
     def create_queue(self, gpu_id, queue_type=c.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, priority=7, ring_size=DEFAULT_RING):
         """ROCr's and libhsakmt's queue creation: every buffer of the queue allocated and mapped on
@@ -90,9 +93,7 @@ class FakeRuntime:
         for handle in self.handles:
             gpu_id = self.mapped.pop(handle, None)
             if gpu_id is not None:                # a mapped BO cannot be freed (EBUSY)
-                ids = (ctypes.c_uint32 * 1)(gpu_id)
-                self.kfd.ioctl("UNMAP_MEMORY_FROM_GPU", s.kfd_ioctl_unmap_memory_from_gpu_args(
-                    handle=handle, device_ids_array_ptr=ctypes.addressof(ids), n_devices=1))
+                self._on_gpu("UNMAP_MEMORY_FROM_GPU", s.kfd_ioctl_unmap_memory_from_gpu_args, handle, gpu_id)
             self.kfd.ioctl("FREE_MEMORY_OF_GPU", s.kfd_ioctl_free_memory_of_gpu_args(handle))
         self.handles.clear()
         self.mapped.clear()
